@@ -1,0 +1,55 @@
+"""Test configuration: Hypothesis profiles, backend selection, and the Triton interpreter.
+
+Profiles (``HYPOTHESIS_PROFILE``; default ``ci`` when ``$CI`` is set, else ``dev``):
+
+- ``dev``: 50 examples, random;
+- ``ci``: 25 examples, derandomised (the same examples every run), no deadline;
+- ``thorough``: 1000 examples, the long searches.
+
+``VLA_VERIFY_BACKENDS=a,b`` picks the backends that the backend-parametrised tests run against
+(default: ``numpy``); the chosen ones are printed in the report header.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+
+def _cuda_visible() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+# Triton kernels run on CPU tensors through the interpreter when there is no GPU.  The variable
+# must be set before triton is first imported, hence here.
+if "TRITON_INTERPRET" not in os.environ and not _cuda_visible():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+_common = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=50, **_common)
+settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
+settings.register_profile("thorough", max_examples=1000, **_common)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(PROFILE)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from vla_verify.backends import selected
+
+    return [
+        f"vla_verify: hypothesis profile={PROFILE}, backends={','.join(selected())}, "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}"
+    ]
+
+
+@pytest.fixture(scope="session")
+def hypothesis_profile() -> str:
+    return PROFILE

@@ -1,0 +1,274 @@
+"""The backend registry: what implementations exist, what each can run, and why not.
+
+Modelled on flash-linear-attention's per-operator ``BackendRegistry``: each backend declares its
+array library, devices, dtypes, variants and whether it is differentiable, and answers
+``check_support(config, shapes, dtype, device)`` with ``None`` or the reason it cannot run a
+request.  Backends are imported lazily — only when asked for — so ``import vla_verify`` needs
+NumPy and SciPy alone, and the registry reports a missing package as a reason instead of failing.
+
+``VLA_VERIFY_BACKENDS=a,b`` selects the backends the test suite runs against (:func:`selected`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    BackendUnavailableError,
+    DeviceError,
+    UnknownBackendError,
+    UnsupportedConfigurationError,
+)
+from ..spec import VARIANTS, Shapes, VLAConfig, check_inputs, check_variant, dtype_name
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "BackendStatus",
+    "register",
+    "names",
+    "get",
+    "available",
+    "selected",
+    "ENV_VAR",
+]
+
+ENV_VAR = "VLA_VERIFY_BACKENDS"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can run, declared once."""
+
+    array: str  # "numpy" | "torch"
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    variants: tuple[str, ...] = VARIANTS
+    differentiable: bool = False
+    max_head_dim: int | None = None
+    requires: tuple[str, ...] = ()  # Python packages it imports
+    options: dict[str, Any] = field(default_factory=dict)  # option name -> default
+
+
+def _device_of(x: Any) -> str:
+    device = getattr(x, "device", "cpu")
+    return str(getattr(device, "type", device))
+
+
+class Backend(ABC):
+    """A spec §4 callable: ``backend(q, k, v, u, *, config, initial_state=None)``.
+
+    Calling it returns ``(o, (S, A, z))`` in the inputs' array library, dtype and device.  The
+    variant and backend options are bound with :meth:`bind` (``get("torch_chunked").bind(
+    variant="delta", chunk_size=32)``), so a bound backend can be passed to
+    :func:`vla_verify.validate` like any user function.
+    """
+
+    name: str = ""
+    description: str = ""
+    capabilities: Capabilities
+
+    def __init__(self, *, variant: str = "vla", **options: Any) -> None:
+        self.variant = check_variant(variant)
+        unknown = set(options) - set(self.capabilities.options)
+        if unknown:
+            raise UnsupportedConfigurationError(
+                self.name,
+                f"unknown option(s) {sorted(unknown)}; this backend takes "
+                f"{sorted(self.capabilities.options) or 'no options'}",
+                argument=sorted(unknown)[0],
+            )
+        self.options = {**self.capabilities.options, **options}
+
+    # -- description ---------------------------------------------------------------------------
+    def availability(self) -> str | None:
+        """``None`` if the backend can run on this machine, else the reason it cannot."""
+        return None
+
+    def check_support(
+        self,
+        config: VLAConfig,
+        shapes: Shapes,
+        dtype: str,
+        device: str = "cpu",
+        *,
+        variant: str | None = None,
+    ) -> str | None:
+        """``None`` if this backend can run the request, else the reason it cannot."""
+        caps = self.capabilities
+        variant = self.variant if variant is None else variant
+        if variant not in caps.variants:
+            return f"variant {variant!r} is not implemented (supported: {caps.variants})"
+        if dtype not in caps.dtypes:
+            return f"dtype {dtype} is not supported (supported: {caps.dtypes})"
+        if device not in caps.devices:
+            return f"device {device!r} is not supported (supported: {caps.devices})"
+        if caps.max_head_dim is not None and max(shapes.dk, shapes.dv) > caps.max_head_dim:
+            return (
+                f"head dims dk={shapes.dk}, dv={shapes.dv} exceed the largest supported "
+                f"({caps.max_head_dim})"
+            )
+        if variant == "rls" and config.nudge_period is not None:
+            return "the rls variant is defined without nudges; use VLAConfig.exact()"
+        return None
+
+    def bind(self, **options: Any) -> Backend:
+        """A copy with the variant and/or options changed."""
+        merged = {"variant": self.variant, **self.options, **options}
+        return type(self)(**merged)
+
+    # -- running -------------------------------------------------------------------------------
+    def __call__(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        u: Any,
+        *,
+        config: VLAConfig | None = None,
+        initial_state: tuple[Any, Any, Any] | None = None,
+    ) -> tuple[Any, tuple[Any, Any, Any]]:
+        config = VLAConfig() if config is None else config
+        reason = self.availability()
+        if reason is not None:
+            raise BackendUnavailableError(self.name, reason)
+        shapes = check_inputs(q, k, v, u, initial_state)
+        tensors = [q, k, v, u, *(initial_state or ())]
+        devices = {_device_of(x) for x in tensors}
+        if len(devices) > 1:
+            raise DeviceError("q", f"expected every input on one device, got {sorted(devices)}")
+        device = devices.pop()
+        reason = self.check_support(config, shapes, dtype_name(q), device)
+        if reason is not None:
+            raise UnsupportedConfigurationError(self.name, reason)
+        return self._run(q, k, v, u, config=config, initial_state=initial_state)
+
+    @abstractmethod
+    def _run(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        u: Any,
+        *,
+        config: VLAConfig,
+        initial_state: tuple[Any, Any, Any] | None,
+    ) -> tuple[Any, tuple[Any, Any, Any]]:
+        """Compute; inputs are already checked."""
+
+    def __repr__(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return f"<backend {self.name} variant={self.variant!r}{opts}>"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    module: str
+    cls: str
+    summary: str
+    requires: tuple[str, ...]
+    install_hint: str
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of :func:`available`."""
+
+    name: str
+    summary: str
+    available: bool
+    reason: str | None
+    capabilities: Capabilities | None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register(
+    name: str,
+    module: str,
+    cls: str,
+    summary: str,
+    *,
+    requires: tuple[str, ...] = (),
+    install_hint: str = "",
+) -> None:
+    """Declare a backend implemented by ``module.cls`` (imported on first use)."""
+    _REGISTRY[name] = _Entry(name, module, cls, summary, requires, install_hint)
+
+
+def names() -> list[str]:
+    """Every registered backend name, in registration order."""
+    return list(_REGISTRY)
+
+
+def _missing_packages(entry: _Entry) -> list[str]:
+    return [p for p in entry.requires if importlib.util.find_spec(p) is None]
+
+
+def _load(entry: _Entry) -> type[Backend]:
+    missing = _missing_packages(entry)
+    if missing:
+        hint = f" ({entry.install_hint})" if entry.install_hint else ""
+        raise BackendUnavailableError(
+            entry.name, f"requires the package(s) {', '.join(missing)}, not installed{hint}"
+        )
+    try:
+        module = importlib.import_module(entry.module)
+    except ModuleNotFoundError as exc:
+        if exc.name == entry.module:
+            raise BackendUnavailableError(
+                entry.name, "not implemented in this version of vla_verify"
+            ) from None
+        raise BackendUnavailableError(entry.name, f"import failed: {exc}") from exc
+    return getattr(module, entry.cls)
+
+
+def get(name: str, **options: Any) -> Backend:
+    """The backend ``name`` as a spec §4 callable (``variant=`` and backend options bind).
+
+    Raises :class:`UnknownBackendError` for a name the registry does not know and
+    :class:`BackendUnavailableError` when its packages are missing.  A backend whose device is
+    missing (a GPU kernel on a machine without one) is returned, and raises when called; its
+    :meth:`Backend.availability` says why.
+    """
+    if name not in _REGISTRY:
+        raise UnknownBackendError("backend", f"expected one of {names()}, got {name!r}")
+    return _load(_REGISTRY[name])(**options)
+
+
+def available() -> list[BackendStatus]:
+    """Every known backend with whether it can run here and, if not, why."""
+    rows = []
+    for entry in _REGISTRY.values():
+        try:
+            backend = _load(entry)()
+        except BackendUnavailableError as exc:
+            rows.append(BackendStatus(entry.name, entry.summary, False, exc.reason, None))
+            continue
+        reason = backend.availability()
+        rows.append(
+            BackendStatus(entry.name, entry.summary, reason is None, reason, backend.capabilities)
+        )
+    return rows
+
+
+def selected(default: tuple[str, ...] = ("numpy",)) -> list[str]:
+    """Backends chosen by ``$VLA_VERIFY_BACKENDS`` (comma-separated; ``all`` = every available
+    one), else ``default``.  Unknown names raise :class:`UnknownBackendError`."""
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return list(default)
+    if raw == "all":
+        return [row.name for row in available() if row.available]
+    chosen = [n.strip() for n in raw.split(",") if n.strip()]
+    for n in chosen:
+        if n not in _REGISTRY:
+            raise UnknownBackendError(ENV_VAR, f"expected names from {names()}, got {n!r}")
+    return chosen

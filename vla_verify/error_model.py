@@ -1,0 +1,110 @@
+"""The error budget of spec §4: how far an implementation may be from the float64 oracle.
+
+Errors are measured per batch element and head (one *slice* per ``(b, h)``) as the largest
+absolute difference, so that one wrong head cannot hide behind the scale of another.
+
+For an implementation that computes in precision ``p``, the budget of a slice is
+
+    budget = factor · err_p + floor,     floor = 2·eps_p · max|ref|
+
+where ``err_p`` is the error of the oracle itself run in precision ``p`` on the same (rounded)
+inputs — FlashAttention's criterion: a kernel may be at most ``factor`` (default 2) times worse
+than a straightforward implementation in its own precision — and the floor is the
+representability error of the reference in ``p`` (FlashAttention's ``out + 0.3 − 0.3``).
+
+For ``p = float64`` the oracle *is* the reference, so its own error cannot be measured against
+itself.  We use the first-order error model of a backward-stable recurrence: forward error is
+proportional to the unit roundoff times a condition factor that does not depend on the
+precision, so ``err_64 ≈ (u_64/u_32) · err_32``.  The float32 run measures the condition
+factor of each example.  Since the reference then carries an error of the same size as the
+implementation's, the float64 budget is ``(factor + 1) · err_64 + floor`` (triangle
+inequality).  ``tests/test_oracle_vs_mpmath.py`` checks this model against the mpmath solver.
+
+The floor's scale is the largest magnitude the quantity took during the run (``scale``), not
+only its final value: ``A_t = A_{t-1} − s sᵀ/δ`` subtracts numbers of size ``1/lambda0`` to make
+numbers of size ``1/(lambda0 + ||u||²)``, and the rounding error of that cancellation is
+``u · 1/lambda0``, not ``u · |A_t|``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import unit_roundoff
+
+__all__ = ["SliceComparison", "slice_max_abs", "compare", "REDUCE_AXES", "DEFAULT_FACTOR"]
+
+DEFAULT_FACTOR = 2.0
+
+#: Axes reduced to form one (b, h) slice, per output name (layouts of spec §1).
+REDUCE_AXES: dict[str, tuple[int, ...]] = {
+    "o": (1, 3),  # [B, T, H, dv]
+    "S": (2, 3),  # [B, H, dv, dk]
+    "A": (2, 3),  # [B, H, dk, dk]
+    "z": (2,),  # [B, H, dk]
+}
+
+
+def slice_max_abs(x: np.ndarray, name: str) -> np.ndarray:
+    """``max |x|`` over each (b, h) slice: ``[B, H]``."""
+    return np.max(np.abs(x), axis=REDUCE_AXES[name])
+
+
+@dataclass(frozen=True)
+class SliceComparison:
+    """One output compared slice by slice against the reference."""
+
+    name: str
+    error: np.ndarray  # [B, H] max |got − ref|
+    budget: np.ndarray  # [B, H]
+    worst_index: tuple[int, ...]  # index into the full array of the worst element
+    got_at_worst: float
+    ref_at_worst: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(np.all(np.isfinite(self.error)) and np.all(self.error <= self.budget))
+
+    @property
+    def ratio(self) -> float:
+        """Worst error/budget over slices (> 1 fails; inf for non-finite output)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(self.budget > 0, self.error / self.budget, np.inf * (self.error > 0))
+        r = np.where(np.isfinite(self.error), r, np.inf)
+        return float(np.max(r)) if r.size else 0.0
+
+
+def compare(
+    name: str,
+    got: np.ndarray,
+    ref: np.ndarray,
+    baseline: np.ndarray,
+    dtype: str,
+    *,
+    factor: float = DEFAULT_FACTOR,
+    scale: np.ndarray | None = None,
+) -> SliceComparison:
+    """Compare ``got`` with the float64 ``ref`` under the budget of the module docstring.
+
+    ``baseline`` is the same-precision oracle's output (for ``dtype="float64"``: the float32
+    oracle's output, rescaled by the model ``u_64/u_32``).  ``scale`` ``[B, H]`` is the largest
+    magnitude the quantity took during the run (default: that of ``ref``).
+    """
+    diff = np.abs(got - ref)
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    error = np.max(diff, axis=REDUCE_AXES[name])
+    base = np.max(np.abs(baseline - ref), axis=REDUCE_AXES[name])
+    magnitude = slice_max_abs(ref, name)
+    if scale is not None:
+        magnitude = np.maximum(magnitude, scale)
+    floor = 4.0 * unit_roundoff(dtype) * magnitude
+    if dtype == "float64":
+        base = base * (unit_roundoff("float64") / unit_roundoff("float32"))
+        budget = (factor + 1.0) * base + floor
+    else:
+        budget = factor * base + floor
+    flat = int(np.argmax(diff))
+    worst = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
+    return SliceComparison(name, error, budget, worst, float(got[worst]), float(ref[worst]))

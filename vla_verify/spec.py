@@ -1,0 +1,210 @@
+"""Spec types: the configuration (spec §2.2), the variants (§2.3–§2.4) and input checking (§1, §4).
+
+Nothing here computes VLA; it only describes and checks requests, so every backend and the oracle
+may share it without sharing a numerical helper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from .errors import ConfigError, DTypeError, NonFiniteError, ShapeError, UnknownVariantError
+
+__all__ = [
+    "VLAConfig",
+    "Variant",
+    "VARIANTS",
+    "Shapes",
+    "check_variant",
+    "check_inputs",
+    "dtype_name",
+    "unit_roundoff",
+    "FLOAT_DTYPES",
+]
+
+Variant = Literal["vla", "rls", "delta", "linear"]
+#: The variants of spec §2.3 (``vla``) and §2.4.
+VARIANTS: tuple[str, ...] = ("vla", "rls", "delta", "linear")
+
+#: Float dtypes that any backend may be asked for, by name.
+FLOAT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+
+_UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "bfloat16": 2.0**-8,
+    "float16": 2.0**-11,
+}
+
+
+def unit_roundoff(dtype: str) -> float:
+    """Unit roundoff ``u = eps/2`` of a float dtype given by name."""
+    try:
+        return _UNIT_ROUNDOFF[dtype]
+    except KeyError:
+        raise DTypeError("dtype", f"expected one of {FLOAT_DTYPES}, got {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    """Configuration of the recurrence (spec §2.2). ``VLAConfig()`` is the paper preset.
+
+    Every field is validated at construction; an invalid value raises
+    :class:`~vla_verify.errors.ConfigError` naming the field.
+    """
+
+    lambda0: float = 0.1
+    sm_floor: float = 1e-4
+    nudge_eta: float = 1e-3
+    nudge_period: int | None = 20
+    normalize_gate: bool = True
+    normalize_output: bool = True
+    out_eps: float = 1e-4
+    norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        def positive(name: str, strict: bool) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(name, f"expected a real number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(name, f"expected a finite number, got {value!r}")
+            if strict and value <= 0:
+                raise ConfigError(name, f"expected a number > 0, got {value!r}")
+            if not strict and value < 0:
+                raise ConfigError(name, f"expected a number >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+        positive("lambda0", strict=True)
+        positive("sm_floor", strict=False)
+        positive("nudge_eta", strict=False)
+        # out_eps and norm_eps divide: zero would turn a zero denominator into Inf/NaN.
+        positive("out_eps", strict=True)
+        positive("norm_eps", strict=True)
+        period = self.nudge_period
+        if period is not None:
+            if isinstance(period, bool) or not isinstance(period, numbers.Integral):
+                raise ConfigError(
+                    "nudge_period", f"expected a positive integer or None, got {period!r}"
+                )
+            if period < 1:
+                raise ConfigError(
+                    "nudge_period", f"expected a positive integer or None, got {period!r}"
+                )
+            object.__setattr__(self, "nudge_period", int(period))
+        for name in ("normalize_gate", "normalize_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"expected True or False, got {getattr(self, name)!r}")
+
+    @classmethod
+    def exact(cls, **overrides: Any) -> VLAConfig:
+        """The paper preset without nudges: ``A_t`` is exactly ``M_t^{-1}`` (spec §2.2)."""
+        overrides.setdefault("nudge_period", None)
+        return cls(**overrides)
+
+    def replace(self, **changes: Any) -> VLAConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def nudges_at(self, t: int) -> bool:
+        """Whether the nudge is applied after step ``t`` (1-based, spec §2.3)."""
+        return self.nudge_period is not None and t % self.nudge_period == 0
+
+
+def check_variant(variant: str) -> str:
+    """Return ``variant`` if it is one of :data:`VARIANTS`, else raise UnknownVariantError."""
+    if variant not in VARIANTS:
+        raise UnknownVariantError("variant", f"expected one of {VARIANTS}, got {variant!r}")
+    return variant
+
+
+class Shapes(NamedTuple):
+    """Sizes of one request: batch, length, heads, key width, value width."""
+
+    B: int
+    T: int
+    H: int
+    dk: int
+    dv: int
+
+
+def dtype_name(x: Any) -> str:
+    """Name of an array's dtype (``'float32'``, ``'bfloat16'``…), for NumPy and PyTorch alike."""
+    name = str(getattr(x, "dtype", type(x).__name__))
+    return name.removeprefix("torch.")
+
+
+def _shape(x: Any, argument: str) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise ShapeError(argument, f"expected an array, got {type(x).__name__}")
+    return tuple(int(s) for s in shape)
+
+
+def _all_finite(x: Any) -> bool:
+    if hasattr(x, "isfinite") and not hasattr(x, "__array_interface__"):  # torch.Tensor
+        return bool(x.isfinite().all())
+    import numpy as np
+
+    return bool(np.isfinite(x).all())
+
+
+def check_inputs(
+    q: Any,
+    k: Any,
+    v: Any,
+    u: Any,
+    initial_state: tuple[Any, Any, Any] | None = None,
+    *,
+    dtypes: tuple[str, ...] = FLOAT_DTYPES,
+    check_finite: bool = True,
+) -> Shapes:
+    """Check the layouts of spec §1 and the dtypes, and return the sizes.
+
+    Shapes: ``q, k, u``: ``[B, T, H, dk]``; ``v``: ``[B, T, H, dv]``; ``initial_state``:
+    ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])``.  All arrays must share one float
+    dtype from ``dtypes`` and be finite.  Errors name the argument and what was expected.
+    """
+    arrays = {"q": q, "k": k, "v": v, "u": u}
+    shapes = {name: _shape(x, name) for name, x in arrays.items()}
+    for name, shape in shapes.items():
+        if len(shape) != 4:
+            raise ShapeError(name, f"expected rank 4 [B, T, H, D], got shape {shape}")
+    B, T, H, dk = shapes["q"]
+    dv = shapes["v"][3]
+    for name in ("k", "u"):
+        if shapes[name] != (B, T, H, dk):
+            raise ShapeError(
+                name, f"expected shape {(B, T, H, dk)} (the shape of q), got {shapes[name]}"
+            )
+    if shapes["v"][:3] != (B, T, H):
+        raise ShapeError("v", f"expected shape {(B, T, H)} + (dv,), got {shapes['v']}")
+    if min(B, T, H, dk, dv) < 1:
+        raise ShapeError("q", f"expected every size >= 1, got B={B} T={T} H={H} dk={dk} dv={dv}")
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 3:
+            raise ShapeError("initial_state", "expected a tuple (S, A, z) or None")
+        expected = {"S": (B, H, dv, dk), "A": (B, H, dk, dk), "z": (B, H, dk)}
+        for (name, want), x in zip(expected.items(), initial_state, strict=True):
+            got = _shape(x, f"initial_state.{name}")
+            if got != want:
+                raise ShapeError(f"initial_state.{name}", f"expected shape {want}, got {got}")
+            arrays[f"initial_state.{name}"] = x
+    dtype = dtype_name(q)
+    for name, x in arrays.items():
+        got = dtype_name(x)
+        if got not in FLOAT_DTYPES:
+            raise DTypeError(name, f"expected a float dtype {FLOAT_DTYPES}, got {got}")
+        if got != dtype:
+            raise DTypeError(name, f"expected dtype {dtype} (the dtype of q), got {got}")
+    if dtype not in dtypes:
+        raise DTypeError("q", f"expected one of the dtypes {dtypes}, got {dtype}")
+    if check_finite:
+        for name, x in arrays.items():
+            if not _all_finite(x):
+                raise NonFiniteError(name, "expected finite values, found NaN or Inf")
+    return Shapes(B, T, H, dk, dv)
