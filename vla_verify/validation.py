@@ -38,7 +38,7 @@ from .arrays import ARRAY_LIBRARIES, array_dtypes, from_numpy, is_torch, to_nump
 from .backends.numpy_oracle import recurrence
 from .backends.registry import Backend
 from .error_model import DEFAULT_FACTOR, SliceComparison, compare
-from .errors import DeviceError, DTypeError, VLAInputError
+from .errors import DeviceError, DTypeError, UnsupportedConfigurationError, VLAInputError
 from .properties.strategies import Case, ShapeBounds, cases
 from .spec import Shapes, VLAConfig, check_variant
 
@@ -341,6 +341,9 @@ def validate(
         if fn.variant != variant:
             fn = fn.bind(variant=variant)
         backend = fn
+        reason = backend.check_support(config, Shapes(1, 1, 1, 1, 1), dtype, device)
+        if reason is not None:  # the request itself is unsupported, whatever the shapes
+            raise UnsupportedConfigurationError(backend.name, reason)
 
         def support(shapes: Shapes) -> str | None:
             return backend.check_support(config, shapes, dtype, device)
