@@ -32,8 +32,11 @@ def _cuda_visible() -> bool:
 if "TRITON_INTERPRET" not in os.environ and not _cuda_visible():
     os.environ["TRITON_INTERPRET"] = "1"
 
-_common = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_common = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile("dev", max_examples=50, **_common)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
 settings.register_profile("thorough", max_examples=1000, **_common)

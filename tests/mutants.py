@@ -48,7 +48,11 @@ def make(mutant: str | None):
                     A_prev = A
                     s = A @ ut
                     d = max(1 + ut @ s, config.sm_floor)
-                    A = A + np.outer(s, s) / d if mutant == "sm_sign_flipped" else A - np.outer(s, s) / d
+                    A = (
+                        A + np.outer(s, s) / d
+                        if mutant == "sm_sign_flipped"
+                        else A - np.outer(s, s) / d
+                    )
                     step = t + 1 if mutant != "nudge_one_step_late" else t
                     if config.nudge_period and step > 0 and step % config.nudge_period == 0:
                         A = A + config.nudge_eta * np.eye(dk)

@@ -24,16 +24,16 @@ from .validation import ValidationReport, validate
 __version__ = "0.1.0"
 
 __all__ = [
-    "VLAConfig",
     "VARIANTS",
-    "validate",
-    "ValidationReport",
-    "oracle",
-    "backends",
-    "errors",
+    "BackendUnavailableError",
+    "UnsupportedConfigurationError",
+    "VLAConfig",
     "VLAError",
     "VLAInputError",
-    "UnsupportedConfigurationError",
-    "BackendUnavailableError",
+    "ValidationReport",
     "__version__",
+    "backends",
+    "errors",
+    "oracle",
+    "validate",
 ]

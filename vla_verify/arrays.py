@@ -13,7 +13,7 @@ import numpy as np
 from .errors import DeviceError, DTypeError
 from .spec import FLOAT_DTYPES
 
-__all__ = ["ARRAY_LIBRARIES", "is_torch", "to_numpy", "from_numpy", "array_dtypes"]
+__all__ = ["ARRAY_LIBRARIES", "array_dtypes", "from_numpy", "is_torch", "to_numpy"]
 
 ARRAY_LIBRARIES = ("numpy", "torch")
 
@@ -42,7 +42,9 @@ def array_dtypes(array: str) -> tuple[str, ...]:
 def from_numpy(x: np.ndarray, array: str, dtype: str, device: str = "cpu") -> Any:
     """A float64 NumPy array as an array of ``array`` library, ``dtype`` and ``device``."""
     if dtype not in array_dtypes(array):
-        raise DTypeError("dtype", f"array library {array!r} supports {array_dtypes(array)}, got {dtype!r}")
+        raise DTypeError(
+            "dtype", f"array library {array!r} supports {array_dtypes(array)}, got {dtype!r}"
+        )
     if array == "numpy":
         if device != "cpu":
             raise DeviceError("device", f"NumPy arrays live on 'cpu', got {device!r}")

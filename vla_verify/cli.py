@@ -29,7 +29,7 @@ from .properties.strategies import ShapeBounds
 from .spec import FLOAT_DTYPES, VARIANTS, VLAConfig
 from .validation import ValidationReport, validate
 
-__all__ = ["main", "build_parser", "parse_config", "conformance"]
+__all__ = ["build_parser", "conformance", "main", "parse_config"]
 
 
 def parse_config(exact: bool, assignments: Sequence[str]) -> VLAConfig:
@@ -40,8 +40,9 @@ def parse_config(exact: bool, assignments: Sequence[str]) -> VLAConfig:
         name, sep, raw = item.partition("=")
         name = name.strip()
         if not sep or name not in fields:
-            raise VLAInputError("--set", f"expected FIELD=VALUE with FIELD in {sorted(fields)}, "
-                                f"got {item!r}")
+            raise VLAInputError(
+                "--set", f"expected FIELD=VALUE with FIELD in {sorted(fields)}, got {item!r}"
+            )
         raw = raw.strip()
         if raw.lower() in ("none", "null"):
             values[name] = None
@@ -60,7 +61,9 @@ def _load_function(target: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise VLAInputError("MODULE:FUNC", f"expected 'package.module:function', got {target!r}")
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # so that `vla-verify check mykernel:fn` finds ./mykernel.py
+        sys.path.insert(
+            0, os.getcwd()
+        )  # so that `vla-verify check mykernel:fn` finds ./mykernel.py
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -76,10 +79,18 @@ def _load_function(target: str) -> Callable[..., Any]:
 
 
 def _add_config_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--exact", action="store_true",
-                   help="use VLAConfig.exact() (no nudges) as the base configuration")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a VLAConfig field, e.g. --set lambda0=1 (repeatable)")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="use VLAConfig.exact() (no nudges) as the base configuration",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a VLAConfig field, e.g. --set lambda0=1 (repeatable)",
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -87,8 +98,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = parse_config(args.exact, args.set)
     bar = ProgressBar(f"check {args.target}", args.max_examples, enabled=not args.quiet)
     report = validate(
-        fn, config=config, variant=args.variant, array=args.array, dtype=args.dtype,
-        device=args.device, max_examples=args.max_examples, seed=args.seed, progress=bar,
+        fn,
+        config=config,
+        variant=args.variant,
+        array=args.array,
+        dtype=args.dtype,
+        device=args.device,
+        max_examples=args.max_examples,
+        seed=args.seed,
+        progress=bar,
     )
     bar.close()
     report.name = args.target
@@ -99,25 +117,44 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_backends(args: argparse.Namespace) -> int:
     rows = available()
     if args.json:
-        print(json.dumps([
-            {"name": r.name, "available": r.available, "reason": r.reason, "summary": r.summary,
-             "capabilities": None if r.capabilities is None else {
-                 "array": r.capabilities.array, "devices": list(r.capabilities.devices),
-                 "dtypes": list(r.capabilities.dtypes), "variants": list(r.capabilities.variants),
-                 "differentiable": r.capabilities.differentiable}}
-            for r in rows], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "available": r.available,
+                        "reason": r.reason,
+                        "summary": r.summary,
+                        "capabilities": None
+                        if r.capabilities is None
+                        else {
+                            "array": r.capabilities.array,
+                            "devices": list(r.capabilities.devices),
+                            "dtypes": list(r.capabilities.dtypes),
+                            "variants": list(r.capabilities.variants),
+                            "differentiable": r.capabilities.differentiable,
+                        },
+                    }
+                    for r in rows
+                ],
+                indent=1,
+            )
+        )
         return 0
-    print(f"{'backend':<15} {'here':<5} {'array':<6} {'devices':<10} {'dtypes':<34} "
-          f"{'grad':<5} notes")
+    print(
+        f"{'backend':<15} {'here':<5} {'array':<6} {'devices':<10} {'dtypes':<34} {'grad':<5} notes"
+    )
     for r in rows:
         c = r.capabilities
         if c is None:
             print(f"{r.name:<15} {'no':<5} {'-':<6} {'-':<10} {'-':<34} {'-':<5} {r.reason}")
             continue
         note = r.reason or r.summary
-        print(f"{r.name:<15} {'yes' if r.available else 'no':<5} {c.array:<6} "
-              f"{','.join(c.devices):<10} {','.join(c.dtypes):<34} "
-              f"{'yes' if c.differentiable else 'no':<5} {note}")
+        print(
+            f"{r.name:<15} {'yes' if r.available else 'no':<5} {c.array:<6} "
+            f"{','.join(c.devices):<10} {','.join(c.dtypes):<34} "
+            f"{'yes' if c.differentiable else 'no':<5} {note}"
+        )
     return 0
 
 
@@ -164,8 +201,11 @@ def conformance(
         if status is None:
             raise VLAInputError("--backends", f"unknown backend {name!r}; known: {list(statuses)}")
         if not status.available or status.capabilities is None:
-            rows.append(ConformanceRow(name, "-", "-", "SKIPPED", 0, None, 0.0,
-                                       status.reason or "unavailable"))
+            rows.append(
+                ConformanceRow(
+                    name, "-", "-", "SKIPPED", 0, None, 0.0, status.reason or "unavailable"
+                )
+            )
             continue
         caps = status.capabilities
         dtypes, bounds, scale = _RUN_PLAN.get(name, (caps.dtypes, None, 1.0))
@@ -177,8 +217,14 @@ def conformance(
             bar = ProgressBar(f"conformance {name} {dtype}", n, enabled=show_progress)
             try:
                 report: ValidationReport = validate(
-                    get(name), array=caps.array, dtype=dtype, device=device, max_examples=n,
-                    seed=seed, bounds=bounds, progress=bar,
+                    get(name),
+                    array=caps.array,
+                    dtype=dtype,
+                    device=device,
+                    max_examples=n,
+                    seed=seed,
+                    bounds=bounds,
+                    progress=bar,
                 )
             except (VLAError, BackendUnavailableError) as exc:
                 bar.close()
@@ -186,10 +232,18 @@ def conformance(
                 continue
             bar.close()
             note = "" if report.passed else report.failures[0].message
-            rows.append(ConformanceRow(
-                name, dtype, device, "PASSED" if report.passed else "FAILED", report.examples,
-                report.worst_ratio, report.elapsed_s, note,
-            ))
+            rows.append(
+                ConformanceRow(
+                    name,
+                    dtype,
+                    device,
+                    "PASSED" if report.passed else "FAILED",
+                    report.examples,
+                    report.worst_ratio,
+                    report.elapsed_s,
+                    note,
+                )
+            )
             if not report.passed:
                 print(report.summary(), file=sys.stderr)
     return rows
@@ -205,21 +259,25 @@ def _cuda_available() -> bool:
 
 def _print_conformance(rows: Sequence[ConformanceRow]) -> None:
     print("Conformance against the float64 oracle (variant vla, error budget of spec §4)")
-    print(f"{'backend':<15} {'dtype':<9} {'device':<6} {'verdict':<8} {'examples':>8} "
-          f"{'err/budget':>10} {'time':>7}  note")
+    print(
+        f"{'backend':<15} {'dtype':<9} {'device':<6} {'verdict':<8} {'examples':>8} "
+        f"{'err/budget':>10} {'time':>7}  note"
+    )
     for r in rows:
         ratio = "-" if r.worst_ratio is None else f"{r.worst_ratio:.3g}"
-        print(f"{r.backend:<15} {r.dtype:<9} {r.device:<6} {r.verdict:<8} {r.examples:>8} "
-              f"{ratio:>10} {r.seconds:>6.1f}s  {r.note}")
+        print(
+            f"{r.backend:<15} {r.dtype:<9} {r.device:<6} {r.verdict:<8} {r.examples:>8} "
+            f"{ratio:>10} {r.seconds:>6.1f}s  {r.note}"
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.backends.split(",")] if args.backends else None
-    rows = conformance(names, max_examples=args.max_examples, seed=args.seed,
-                       show_progress=not args.quiet)
+    rows = conformance(
+        names, max_examples=args.max_examples, seed=args.seed, show_progress=not args.quiet
+    )
     _print_conformance(rows)
-    report: dict[str, Any] = {"version": __version__,
-                              "conformance": [r.as_dict() for r in rows]}
+    report: dict[str, Any] = {"version": __version__, "conformance": [r.as_dict() for r in rows]}
     failed = any(r.verdict == "FAILED" for r in rows)
     claims_hook = _claims_hook()
     if claims_hook is not None and not args.skip_claims:
@@ -249,9 +307,7 @@ def _claims_hook() -> Callable[[argparse.Namespace], Any] | None:
     return _optional("vla_verify.proofs.ledger", "run_from_cli")
 
 
-def _add_optional_subcommand(
-    sub: Any, module_name: str, name: str, help_text: str
-) -> None:
+def _add_optional_subcommand(sub: Any, module_name: str, name: str, help_text: str) -> None:
     """Subcommands owned by other modules: ``add_arguments(parser)`` and ``main(args) -> int``."""
     add_arguments = _optional(module_name, "add_arguments")
     run = _optional(module_name, "main")
@@ -270,11 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vla-verify {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("check", help="validate MODULE:FUNC against the float64 oracle",
-                       description="Validate an implementation fn(q, k, v, u, *, config, "
-                       "initial_state=None) -> o | (o, (S, A, z)) against the oracle. Exit 0 if "
-                       "it passed, 1 if it failed (the shrunk counterexample is printed), 2 on a "
-                       "usage error.")
+    p = sub.add_parser(
+        "check",
+        help="validate MODULE:FUNC against the float64 oracle",
+        description="Validate an implementation fn(q, k, v, u, *, config, "
+        "initial_state=None) -> o | (o, (S, A, z)) against the oracle. Exit 0 if "
+        "it passed, 1 if it failed (the shrunk counterexample is printed), 2 on a "
+        "usage error.",
+    )
     p.add_argument("target", metavar="MODULE:FUNC")
     p.add_argument("--variant", choices=VARIANTS, default="vla")
     p.add_argument("--array", choices=ARRAY_LIBRARIES, default="numpy")
@@ -290,25 +349,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_backends)
 
-    p = sub.add_parser("run", help="the main job: conformance of every backend, then the claims",
-                       description="Validate every available backend against the oracle and "
-                       "compute the claims ledger; print one report.")
+    p = sub.add_parser(
+        "run",
+        help="the main job: conformance of every backend, then the claims",
+        description="Validate every available backend against the oracle and "
+        "compute the claims ledger; print one report.",
+    )
     p.add_argument("--backends", default=None, help="comma-separated backends (default: all)")
     p.add_argument("--max-examples", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", choices=("quick", "thorough"), default="quick",
-                   help="search effort of the claims ledger")
+    p.add_argument(
+        "--profile",
+        choices=("quick", "thorough"),
+        default="quick",
+        help="search effort of the claims ledger",
+    )
     p.add_argument("--skip-claims", action="store_true", help="conformance only")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--outdir", default="vla-verify-report", metavar="DIR",
-                   help="where the claims ledger writes its reports and plots")
+    p.add_argument(
+        "--outdir",
+        default="vla-verify-report",
+        metavar="DIR",
+        help="where the claims ledger writes its reports and plots",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
 
-    _add_optional_subcommand(sub, "vla_verify.proofs.ledger", "claims",
-                             "compute the verdict of every claim of spec §3 with its evidence")
-    _add_optional_subcommand(sub, "vla_verify.bench", "bench",
-                             "time the kernels on the standard grid and print a table")
+    _add_optional_subcommand(
+        sub,
+        "vla_verify.proofs.ledger",
+        "claims",
+        "compute the verdict of every claim of spec §3 with its evidence",
+    )
+    _add_optional_subcommand(
+        sub, "vla_verify.bench", "bench", "time the kernels on the standard grid and print a table"
+    )
     return parser
 
 

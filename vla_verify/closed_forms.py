@@ -16,11 +16,11 @@ from .errors import ConfigError, ShapeError
 from .spec import check_inputs
 
 __all__ = [
-    "penalty_matrix",
-    "penalty_inverse",
     "argmin_state",
-    "step_jacobian",
     "jacobian_spectral_norm",
+    "penalty_inverse",
+    "penalty_matrix",
+    "step_jacobian",
     "unit_normalize",
 ]
 
@@ -70,9 +70,7 @@ def penalty_inverse(u: Any, lambda0: float) -> np.ndarray:
     return 0.5 * (inv + np.swapaxes(inv, -1, -2))
 
 
-def argmin_state(
-    k: Any, v: Any, u: Any, lambda0: float, *, norm_eps: float = 1e-12
-) -> np.ndarray:
+def argmin_state(k: Any, v: Any, u: Any, lambda0: float, *, norm_eps: float = 1e-12) -> np.ndarray:
     """The minimiser of spec §3 C3 for every t: ``[B, T, H, dv, dk]``.
 
     ``S*_t = argmin_S Σ_{s≤t} ||v_s − S k̂_s||² + tr(S M_t Sᵀ)

@@ -34,7 +34,7 @@ import numpy as np
 
 from .spec import unit_roundoff
 
-__all__ = ["SliceComparison", "slice_max_abs", "compare", "REDUCE_AXES", "DEFAULT_FACTOR"]
+__all__ = ["DEFAULT_FACTOR", "REDUCE_AXES", "SliceComparison", "compare", "slice_max_abs"]
 
 DEFAULT_FACTOR = 2.0
 

@@ -10,17 +10,17 @@ registry's reason; a backend whose packages or device are missing raises
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailableError",
+    "ConfigError",
+    "DTypeError",
+    "DeviceError",
+    "NonFiniteError",
+    "ShapeError",
+    "UnknownBackendError",
+    "UnknownVariantError",
+    "UnsupportedConfigurationError",
     "VLAError",
     "VLAInputError",
-    "ConfigError",
-    "ShapeError",
-    "DTypeError",
-    "NonFiniteError",
-    "UnknownVariantError",
-    "UnknownBackendError",
-    "UnsupportedConfigurationError",
-    "BackendUnavailableError",
-    "DeviceError",
 ]
 
 

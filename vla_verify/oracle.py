@@ -26,16 +26,16 @@ from .closed_forms import (
 )
 
 __all__ = [
-    "recurrence",
-    "recurrence_mp",
     "OracleResult",
     "StateHistory",
-    "round_to_dtype",
-    "penalty_matrix",
+    "argmin_state",
+    "jacobian_spectral_norm",
     "penalty_inverse",
     "penalty_inverse_mp",
-    "argmin_state",
+    "penalty_matrix",
+    "recurrence",
+    "recurrence_mp",
+    "round_to_dtype",
     "step_jacobian",
-    "jacobian_spectral_norm",
     "unit_normalize",
 ]

@@ -12,8 +12,9 @@ __all__ = ["ProgressBar"]
 class ProgressBar:
     """``bar = ProgressBar("validate numpy", total); bar(done, total); bar.close()``."""
 
-    def __init__(self, label: str, total: int, *, stream: TextIO | None = None,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self, label: str, total: int, *, stream: TextIO | None = None, enabled: bool = True
+    ) -> None:
         self.label = label
         self.total = max(int(total), 1)
         self.stream = sys.stderr if stream is None else stream

@@ -15,15 +15,15 @@ from typing import Any, Literal, NamedTuple
 from .errors import ConfigError, DTypeError, NonFiniteError, ShapeError, UnknownVariantError
 
 __all__ = [
-    "VLAConfig",
-    "Variant",
+    "FLOAT_DTYPES",
     "VARIANTS",
     "Shapes",
-    "check_variant",
+    "VLAConfig",
+    "Variant",
     "check_inputs",
+    "check_variant",
     "dtype_name",
     "unit_roundoff",
-    "FLOAT_DTYPES",
 ]
 
 Variant = Literal["vla", "rls", "delta", "linear"]

@@ -42,7 +42,7 @@ from .errors import DeviceError, DTypeError, UnsupportedConfigurationError, VLAI
 from .properties.strategies import Case, ShapeBounds, cases
 from .spec import Shapes, VLAConfig, check_variant
 
-__all__ = ["validate", "ValidationReport", "Failure", "evaluate_case"]
+__all__ = ["Failure", "ValidationReport", "evaluate_case", "validate"]
 
 Implementation = Callable[..., Any]
 
@@ -195,8 +195,9 @@ def evaluate_case(
     # The exact values fn sees, in float64: the reference is computed from these.
     seen = [to_numpy(x) for x in given_inputs]
     seen_state = None if given_state is None else tuple(to_numpy(x) for x in given_state)
-    ref = recurrence(*seen, config=config, variant=variant, initial_state=seen_state,
-                     return_states=True)
+    ref = recurrence(
+        *seen, config=config, variant=variant, initial_state=seen_state, return_states=True
+    )
     base_dtype = "float32" if dtype == "float64" else dtype
     base = recurrence(
         *seen, config=config, variant=variant, initial_state=seen_state, dtype=base_dtype
@@ -211,10 +212,19 @@ def evaluate_case(
     try:
         o, state = call(given_inputs, given_state)
     except Exception as exc:  # a crashing fn is a failure, never an error of validate
-        return Failure("crash", f"fn raised {type(exc).__name__}: {exc}", case,
-                       traceback=traceback.format_exc()), np.inf
+        return Failure(
+            "crash",
+            f"fn raised {type(exc).__name__}: {exc}",
+            case,
+            traceback=traceback.format_exc(),
+        ), np.inf
 
-    expected_shapes = {"o": (B, T, H, dv), "S": (B, H, dv, dk), "A": (B, H, dk, dk), "z": (B, H, dk)}
+    expected_shapes = {
+        "o": (B, T, H, dv),
+        "S": (B, H, dv, dk),
+        "A": (B, H, dk, dk),
+        "z": (B, H, dk),
+    }
     outputs = {"o": o}
     if state is not None:
         outputs.update({n: x for n, x in zip("SAz", state, strict=True) if x is not None})
@@ -231,8 +241,11 @@ def evaluate_case(
             return Failure(
                 "shape", f"{name} has shape {got.shape}, expected {expected_shapes[name]}", case
             ), np.inf
-        comparisons.append(compare(name, got, refs[name], bases[name], dtype, factor=factor,
-                                   scale=scales.get(name)))
+        comparisons.append(
+            compare(
+                name, got, refs[name], bases[name], dtype, factor=factor, scale=scales.get(name)
+            )
+        )
     bad = [c for c in comparisons if not c.passed]
     if bad:
         kind = "nonfinite" if any(not np.all(np.isfinite(c.error)) for c in bad) else "mismatch"
@@ -250,18 +263,28 @@ def evaluate_case(
                 raise TypeError("fn returned a state for the whole sequence but not for a prefix")
             if any(x is None for x in state1):
                 # fn does not keep some entry (e.g. A for a delta-rule kernel): carry the oracle's.
-                prefix = recurrence(*[x[:, :cut] for x in seen], config=config, variant=variant,
-                                    initial_state=seen_state)
-                state1 = tuple(impl(p) if s is None else s
-                               for s, p in zip(state1, prefix.state, strict=True))
+                prefix = recurrence(
+                    *[x[:, :cut] for x in seen],
+                    config=config,
+                    variant=variant,
+                    initial_state=seen_state,
+                )
+                state1 = tuple(
+                    impl(p) if s is None else s for s, p in zip(state1, prefix.state, strict=True)
+                )
             o2, _ = call(second, tuple(state1))
         except Exception as exc:
-            return Failure("crash", f"fn raised {type(exc).__name__} during the state-carry check:"
-                           f" {exc}", case, traceback=traceback.format_exc()), np.inf
+            return Failure(
+                "crash",
+                f"fn raised {type(exc).__name__} during the state-carry check: {exc}",
+                case,
+                traceback=traceback.format_exc(),
+            ), np.inf
         joined = np.concatenate([to_numpy(o1), to_numpy(o2)], axis=1)
         if joined.shape != ref.o.shape:
-            return Failure("shape", f"carried outputs have shape {joined.shape}, expected "
-                           f"{ref.o.shape}", case), np.inf
+            return Failure(
+                "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}", case
+            ), np.inf
         carry = compare("o", joined, ref.o, base.o, dtype, factor=factor)
         if not carry.passed:
             return Failure(
@@ -286,7 +309,9 @@ def _check_usage(array: str, dtype: str, device: str) -> None:
         try:
             import torch
         except ImportError:
-            raise VLAInputError("array", "array='torch' needs PyTorch, which is not installed") from None
+            raise VLAInputError(
+                "array", "array='torch' needs PyTorch, which is not installed"
+            ) from None
         try:
             torch.empty(1, device=device)
         except Exception as exc:
@@ -368,8 +393,15 @@ def validate(
         if support is not None and support(Shapes(*case.shapes)) is not None:
             reject()
         outcome = evaluate_case(
-            fn, case, config=config, variant=variant, array=array, dtype=dtype, device=device,
-            factor=factor, check_carry=check_carry,
+            fn,
+            case,
+            config=config,
+            variant=variant,
+            array=array,
+            dtype=dtype,
+            device=device,
+            factor=factor,
+            check_carry=check_carry,
         )
         counters["examples"] += 1
         if progress is not None:
@@ -390,8 +422,11 @@ def validate(
         failures.append(exc.failure)
     except Flaky as exc:  # fn is non-deterministic: report it, do not hide it
         failures.append(
-            Failure("crash", f"fn gave different verdicts on the same input (flaky): {exc}",
-                    Case(*(np.zeros((1, 1, 1, 1)),) * 4, None, 1))
+            Failure(
+                "crash",
+                f"fn gave different verdicts on the same input (flaky): {exc}",
+                Case(*(np.zeros((1, 1, 1, 1)),) * 4, None, 1),
+            )
         )
     name = getattr(fn, "__qualname__", None) or repr(fn)
     return ValidationReport(

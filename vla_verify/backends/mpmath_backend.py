@@ -19,7 +19,7 @@ from mpmath import mp
 from ..spec import VLAConfig, check_inputs, check_variant
 from .registry import Backend, Capabilities
 
-__all__ = ["recurrence_mp", "penalty_inverse_mp", "MpmathBackend", "to_float64"]
+__all__ = ["MpmathBackend", "penalty_inverse_mp", "recurrence_mp", "to_float64"]
 
 Vec = list
 Mat = list  # list of rows
@@ -61,7 +61,9 @@ def _slice_recurrence(
     sm_floor, eta = mpf(config.sm_floor), mpf(config.nudge_eta)
     if state is None:
         S = [[mpf(0)] * dk for _ in range(dv)]
-        A = [[(1 / mpf(config.lambda0)) if i == j else mpf(0) for j in range(dk)] for i in range(dk)]
+        A = [
+            [(1 / mpf(config.lambda0)) if i == j else mpf(0) for j in range(dk)] for i in range(dk)
+        ]
         z = [mpf(0)] * dk
     else:
         S = [[mpf(float(x)) for x in row] for row in state[0]]
@@ -192,6 +194,12 @@ class MpmathBackend(Backend):
 
     def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
         return recurrence_mp(
-            q, k, v, u, config=config, variant=self.variant, initial_state=initial_state,
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=self.variant,
+            initial_state=initial_state,
             dps=int(self.options["dps"]),
         )

@@ -27,11 +27,11 @@ from ..spec import FLOAT_DTYPES, VLAConfig, check_inputs, check_variant
 from .registry import Backend, Capabilities
 
 __all__ = [
-    "recurrence",
+    "NumpyOracleBackend",
     "OracleResult",
     "StateHistory",
+    "recurrence",
     "round_to_dtype",
-    "NumpyOracleBackend",
 ]
 
 Array = np.ndarray
@@ -265,7 +265,13 @@ class NumpyOracleBackend(Backend):
     def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
         dtype = str(np.asarray(q).dtype)
         result = recurrence(
-            q, k, v, u, config=config, variant=self.variant, initial_state=initial_state,
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=self.variant,
+            initial_state=initial_state,
             dtype=dtype,
         )
         cast = getattr(np, dtype)

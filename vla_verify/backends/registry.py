@@ -27,15 +27,15 @@ from ..errors import (
 from ..spec import VARIANTS, Shapes, VLAConfig, check_inputs, check_variant, dtype_name
 
 __all__ = [
-    "Backend",
-    "Capabilities",
-    "BackendStatus",
-    "register",
-    "names",
-    "get",
-    "available",
-    "selected",
     "ENV_VAR",
+    "Backend",
+    "BackendStatus",
+    "Capabilities",
+    "available",
+    "get",
+    "names",
+    "register",
+    "selected",
 ]
 
 ENV_VAR = "VLA_VERIFY_BACKENDS"

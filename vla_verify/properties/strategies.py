@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from ..spec import VLAConfig
 
-__all__ = ["Case", "ShapeBounds", "cases", "KEY_REGIMES", "PENALTY_REGIMES", "QUERY_REGIMES"]
+__all__ = ["KEY_REGIMES", "PENALTY_REGIMES", "QUERY_REGIMES", "Case", "ShapeBounds", "cases"]
 
 KEY_REGIMES = ("gaussian", "positive", "near_parallel", "repeated", "scaled")
 PENALTY_REGIMES = ("layer", "gaussian", "concentrated", "tiny", "zero")
