@@ -22,6 +22,8 @@ __all__ = [
     "penalty_matrix",
     "step_jacobian",
     "unit_normalize",
+    "linear_attention_states",
+    "ut_state_chain",
 ]
 
 
@@ -117,3 +119,45 @@ def jacobian_spectral_norm(k_hat: Any, gate: Any, dv: int = 1) -> np.ndarray:
     """
     J = step_jacobian(k_hat, gate, dv)
     return np.linalg.svd(J, compute_uv=False)[..., 0]
+
+
+def linear_attention_states(k: Any, v: Any) -> np.ndarray:
+    """``S_t = Σ_{s≤t} v_s k_sᵀ`` for every t (variant ``linear``, spec §2.4): ``[B, T, H, dv, dk]``.
+
+    A prefix sum, not a recurrence.
+    """
+    k, v = _as4(k, "k"), _as4(v, "v")
+    return np.cumsum(v[..., :, None] * k[..., None, :], axis=1)
+
+
+def ut_state_chain(
+    k_hat: Any, gate: Any, v: Any, q: Any, S0: Any | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The state chain of spec §5 in UT form, by one triangular solve per (b, h).
+
+    For the update ``S_t = S_{t-1}(I − k̂_t g_tᵀ) + v_t g_tᵀ`` with given write directions
+    ``g_t`` (``α̂_t`` for ``vla``, ``k̂_t`` for ``delta``): the residuals
+    ``E = [e_1..e_T]``, ``e_t = v_t − S_{t-1}k̂_t``, solve ``E (I + N) = V − S_0 K̂`` with
+    ``N_{it} = g_iᵀ k̂_t`` for ``i < t``; then ``S_T = S_0 + E Gᵀ`` and the raw read-outs
+    (before the normaliser) are ``S_t q_t = S_0 q_t + Σ_{i≤t} e_i (g_iᵀ q_t)``.
+
+    Shapes: ``k_hat, gate, q`` ``[B, T, H, dk]``, ``v`` ``[B, T, H, dv]``, ``S0``
+    ``[B, H, dv, dk]`` (default 0).  Returns ``(raw_outputs [B, T, H, dv], S_T [B, H, dv, dk])``.
+    """
+    k_hat, gate, v, q = (
+        _as4(x, n) for x, n in ((k_hat, "k_hat"), (gate, "gate"), (v, "v"), (q, "q"))
+    )
+    B, T, H, dk = k_hat.shape
+    dv = v.shape[-1]
+    S0 = np.zeros((B, H, dv, dk)) if S0 is None else np.asarray(S0, dtype=np.float64)
+    # Heads next to batch: [B, H, T, D].
+    K, G, V, Q = (np.moveaxis(x, 1, 2) for x in (k_hat, gate, v, q))
+    N = np.triu(G @ np.swapaxes(K, -1, -2), k=1)  # N[i, t] = g_i·k̂_t for i < t
+    rhs = V - K @ np.swapaxes(S0, -1, -2)  # rows: (v_t − S_0 k̂_t)ᵀ
+    # E (I + N) = rhs_rowsᵀ  <=>  (I + N)ᵀ Eᵀ = rhs, a lower unit-triangular system.
+    E_rows = scipy.linalg.solve_triangular(
+        np.swapaxes(np.eye(T) + N, -1, -2), rhs, lower=True, unit_diagonal=True
+    )
+    raw = Q @ np.swapaxes(S0, -1, -2) + np.tril(Q @ np.swapaxes(G, -1, -2)) @ E_rows
+    S_T = S0 + np.swapaxes(E_rows, -1, -2) @ G
+    return np.moveaxis(raw, 2, 1), S_T

@@ -10,7 +10,7 @@ it).  Each example:
 2. converts them to the requested array library, dtype and device, and reads back the exact values
    ``fn`` sees, so the reference is computed from the same rounded inputs;
 3. runs the float64 oracle (the reference) and the oracle in ``fn``'s precision (the baseline of
-   :mod:`vla_verify.error_model`);
+   :mod:`vla_verify.error_model`, three runs with different rounding: :func:`same_precision_runs`);
 4. compares ``o`` and every returned state entry slice by slice against the budget; and, when
    ``fn`` returns a state, checks *state carry*: the sequence cut in two, the second half started
    from the state ``fn`` returned for the first, must give the whole sequence's output.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +35,17 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 
 from .arrays import ARRAY_LIBRARIES, array_dtypes, from_numpy, is_torch, to_numpy
-from .backends.numpy_oracle import recurrence
+from .backends.numpy_oracle import OracleResult, recurrence
 from .backends.registry import Backend
 from .error_model import DEFAULT_FACTOR, SliceComparison, compare
 from .errors import DeviceError, DTypeError, UnsupportedConfigurationError, VLAInputError
 from .properties.strategies import Case, ShapeBounds, cases
-from .spec import Shapes, VLAConfig, check_variant
+from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
 
-__all__ = ["Failure", "ValidationReport", "evaluate_case", "validate"]
+__all__ = ["Failure", "ValidationReport", "evaluate_case", "same_precision_runs", "validate"]
+
+#: Runs of the same-precision oracle per example (see :func:`same_precision_runs`).
+BASELINE_SAMPLES = 5
 
 Implementation = Callable[..., Any]
 
@@ -141,6 +144,44 @@ def _check_array(x: Any, array: str, name: str) -> str | None:
     return None
 
 
+def same_precision_runs(
+    inputs: Sequence[np.ndarray],
+    initial_state: tuple[np.ndarray, ...] | None,
+    *,
+    config: VLAConfig,
+    variant: str,
+    dtype: str,
+    seed: int = 0,
+    samples: int = BASELINE_SAMPLES,
+) -> list[OracleResult]:
+    """The oracle in ``fn``'s precision (float32 for a float64 ``fn``), ``samples`` times.
+
+    The first run takes the inputs as they are; the others take copies perturbed by one unit in
+    the last place of that precision, element by element with random signs.  Each run rounds
+    differently, and the budget uses the largest of their errors: one run can be lucky (a short
+    sequence may round almost exactly), and a budget built on a lucky run would fail a correct
+    implementation that rounds differently.
+    """
+    base_dtype = "float32" if dtype == "float64" else dtype
+    ulp = 2.0 * unit_roundoff(base_dtype)
+    rng = np.random.default_rng(seed)
+    runs = []
+    for sample in range(samples):
+        if sample == 0:
+            xs, state = list(inputs), initial_state
+        else:
+
+            def jiggle(x: np.ndarray) -> np.ndarray:
+                return x * (1.0 + ulp * rng.choice((-1.0, 1.0), size=x.shape))
+
+            xs = [jiggle(x) for x in inputs]
+            state = None if initial_state is None else tuple(jiggle(x) for x in initial_state)
+        runs.append(
+            recurrence(*xs, config=config, variant=variant, initial_state=state, dtype=base_dtype)
+        )
+    return runs
+
+
 def _history_scales(history: Any, initial: tuple[np.ndarray, ...] | None) -> dict[str, np.ndarray]:
     """Per (b, h): the largest |S_t|, |A_t|, |z_t| over the run, the initial state included."""
     scales = {
@@ -198,11 +239,10 @@ def evaluate_case(
     ref = recurrence(
         *seen, config=config, variant=variant, initial_state=seen_state, return_states=True
     )
-    base_dtype = "float32" if dtype == "float64" else dtype
-    base = recurrence(
-        *seen, config=config, variant=variant, initial_state=seen_state, dtype=base_dtype
+    base_runs = same_precision_runs(
+        seen, seen_state, config=config, variant=variant, dtype=dtype, seed=case.seed
     )
-    if not _finite([ref.o, *ref.state, base.o, *base.state]):
+    if not _finite([ref.o, *ref.state, *(x for r in base_runs for x in (r.o, *r.state))]):
         return None
     B, T, H, dk, dv = case.shapes
 
@@ -229,7 +269,12 @@ def evaluate_case(
     if state is not None:
         outputs.update({n: x for n, x in zip("SAz", state, strict=True) if x is not None})
     refs = {"o": ref.o, "S": ref.state[0], "A": ref.state[1], "z": ref.state[2]}
-    bases = {"o": base.o, "S": base.state[0], "A": base.state[1], "z": base.state[2]}
+    bases = {
+        "o": [r.o for r in base_runs],
+        "S": [r.state[0] for r in base_runs],
+        "A": [r.state[1] for r in base_runs],
+        "z": [r.state[2] for r in base_runs],
+    }
     scales = _history_scales(ref.history, seen_state)
     comparisons = []
     for name, x in outputs.items():
@@ -285,7 +330,7 @@ def evaluate_case(
             return Failure(
                 "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}", case
             ), np.inf
-        carry = compare("o", joined, ref.o, base.o, dtype, factor=factor)
+        carry = compare("o", joined, ref.o, bases["o"], dtype, factor=factor)
         if not carry.passed:
             return Failure(
                 "carry",

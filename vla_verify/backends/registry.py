@@ -18,9 +18,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..arrays import is_torch
 from ..errors import (
     BackendUnavailableError,
     DeviceError,
+    DTypeError,
     UnknownBackendError,
     UnsupportedConfigurationError,
 )
@@ -137,12 +139,22 @@ class Backend(ABC):
         reason = self.availability()
         if reason is not None:
             raise BackendUnavailableError(self.name, reason)
-        shapes = check_inputs(q, k, v, u, initial_state)
+        # Devices first: checking values (NaN/Inf) across devices would fail less clearly.
         tensors = [q, k, v, u, *(initial_state or ())]
         devices = {_device_of(x) for x in tensors}
         if len(devices) > 1:
             raise DeviceError("q", f"expected every input on one device, got {sorted(devices)}")
         device = devices.pop()
+        if device not in self.capabilities.devices:
+            raise DeviceError(
+                "q", f"backend {self.name!r} runs on {self.capabilities.devices}, got {device!r}"
+            )
+        library = "torch" if is_torch(q) else "numpy"
+        if library != self.capabilities.array:
+            raise DTypeError(
+                "q", f"backend {self.name!r} takes {self.capabilities.array} arrays, got {library}"
+            )
+        shapes = check_inputs(q, k, v, u, initial_state)
         reason = self.check_support(config, shapes, dtype_name(q), device)
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason)
@@ -208,8 +220,15 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as missing
+        return False
+
+
 def _missing_packages(entry: _Entry) -> list[str]:
-    return [p for p in entry.requires if importlib.util.find_spec(p) is None]
+    return [p for p in entry.requires if not _installed(p)]
 
 
 def _load(entry: _Entry) -> type[Backend]:

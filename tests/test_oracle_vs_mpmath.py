@@ -1,0 +1,105 @@
+"""The float64 oracle against the mpmath backend (50 digits): the oracle's own error.
+
+Two statements:
+
+1. On well-conditioned random inputs, every variant agrees with mpmath to a relative error
+   ≤ 1e-12 (issue 2).
+2. The error model that ``validate`` uses for float64 implementations
+   (:mod:`vla_verify.error_model`: ``err_64 ≈ (u_64/u_32)·err_32``) bounds the oracle's true
+   error, measured against mpmath, on the hard corners the strategies draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from vla_verify import VLAConfig, backends, oracle
+from vla_verify.error_model import DEFAULT_FACTOR, compare
+from vla_verify.properties.strategies import Case, ShapeBounds, cases
+from vla_verify.validation import same_precision_runs, validate
+
+CONFIGS = {
+    "vla": VLAConfig(nudge_period=4),
+    "rls": VLAConfig.exact(),
+    "delta": VLAConfig(),
+    "linear": VLAConfig(),
+}
+
+
+def _well_conditioned(seed: int, B=2, T=12, H=2, dk=3, dv=2):
+    rng = np.random.default_rng(seed)
+    q = np.exp(rng.standard_normal((B, T, H, dk)))  # positive: z·q is far from the floor
+    k = np.exp(rng.standard_normal((B, T, H, dk)))
+    u = rng.standard_normal((B, T, H, dk)) / np.sqrt(dk)
+    v = rng.standard_normal((B, T, H, dv))
+    return q, k, v, u
+
+
+@pytest.mark.parametrize("variant", ["vla", "rls", "delta", "linear"])
+def test_float64_oracle_agrees_with_mpmath(variant: str) -> None:
+    args = _well_conditioned(seed=7)
+    config = CONFIGS[variant]
+    ref = oracle.recurrence_mp(*args, config=config, variant=variant, dps=50)
+    got = oracle.recurrence(*args, config=config, variant=variant)
+    for name, x, y in zip(
+        ("o", "S", "A", "z"), (got.o, *got.state), (ref[0], *ref[1]), strict=True
+    ):
+        rel = np.max(np.abs(x - y)) / np.max(np.abs(y))
+        assert rel <= 1e-12, f"{variant} {name}: relative error {rel:.2e} > 1e-12"
+
+
+def test_penalty_inverse_agrees_with_mpmath() -> None:
+    _, _, _, u = _well_conditioned(seed=2, T=8)
+    direct = oracle.penalty_inverse(u, 0.1)
+    certified = oracle.penalty_inverse_mp(u, 0.1)
+    assert np.max(np.abs(direct - certified)) / np.max(np.abs(certified)) <= 1e-13
+
+
+@settings(max_examples=30)
+@given(
+    case=cases(
+        VLAConfig(nudge_period=5), ShapeBounds(max_B=1, max_H=2, max_T=16, max_dk=4, max_dv=3)
+    )
+)
+def test_error_model_bounds_the_float64_oracle(case: Case) -> None:
+    """|oracle_64 − mpmath| ≤ (factor + 1)·(u_64/u_32)·|oracle_32 − oracle_64| + floor, per slice:
+    the float64 budget of spec §4 holds for the oracle itself when the truth is known."""
+    config = VLAConfig(nudge_period=5)
+    args = (case.q, case.k, case.v, case.u)
+    r64 = oracle.recurrence(
+        *args, config=config, initial_state=case.initial_state, return_states=True
+    )
+    runs32 = same_precision_runs(
+        args, case.initial_state, config=config, variant="vla", dtype="float64", seed=case.seed
+    )
+    if not all(np.all(np.isfinite(x)) for r in runs32 for x in (r.o, *r.state, r64.o)):
+        return  # outside float32's envelope: the model has nothing to say
+    o_mp, state_mp = oracle.recurrence_mp(*args, config=config, initial_state=case.initial_state)
+    scale_A = np.max(np.abs(r64.history.A), axis=(1, 3, 4))
+    if case.initial_state is not None:
+        scale_A = np.maximum(scale_A, np.max(np.abs(case.initial_state[1]), axis=(2, 3)))
+    # Note the roles: mpmath is the reference, the float64 oracle is the implementation, and the
+    # float32 oracle (compared with mpmath) measures the example's condition factor.
+    for name, got, truth, base, scale in (
+        ("o", r64.o, o_mp, [r.o for r in runs32], None),
+        ("A", r64.state[1], state_mp[1], [r.state[1] for r in runs32], scale_A),
+    ):
+        c = compare(name, got, truth, base, "float64", factor=DEFAULT_FACTOR, scale=scale)
+        assert c.passed, f"{name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+def test_mpmath_backend_passes_validate_and_refuses_large_requests() -> None:
+    report = validate(
+        backends.get("mpmath"),
+        max_examples=8,
+        seed=0,
+        bounds=ShapeBounds(max_B=1, max_H=1, max_T=12, max_dk=3, max_dv=2),
+    )
+    assert report.passed, report.summary()
+    small = backends.get("mpmath", max_work=10)
+    from vla_verify.spec import Shapes
+
+    reason = small.check_support(VLAConfig(), Shapes(1, 10, 1, 4, 4), "float64")
+    assert reason is not None and "max_work=10" in reason

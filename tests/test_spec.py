@@ -1,0 +1,148 @@
+"""VLAConfig (spec §2.2) and input checking (spec §1, §4): every bad input gets a typed error
+that names the argument and what was expected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vla_verify import VLAConfig, oracle
+from vla_verify.errors import (
+    ConfigError,
+    DTypeError,
+    NonFiniteError,
+    ShapeError,
+    UnknownVariantError,
+    VLAInputError,
+)
+
+
+def test_default_is_the_paper_preset() -> None:
+    c = VLAConfig()
+    assert (c.lambda0, c.sm_floor, c.nudge_eta, c.nudge_period) == (0.1, 1e-4, 1e-3, 20)
+    assert c.normalize_gate and c.normalize_output
+    assert (c.out_eps, c.norm_eps) == (1e-4, 1e-12)
+
+
+def test_exact_is_the_preset_without_nudges() -> None:
+    assert VLAConfig.exact() == VLAConfig(nudge_period=None)
+    assert VLAConfig.exact(lambda0=2.0).lambda0 == 2.0
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        VLAConfig().lambda0 = 1.0  # type: ignore[misc]
+
+
+def test_nudges_at_global_steps() -> None:
+    c = VLAConfig(nudge_period=3)
+    assert [t for t in range(1, 10) if c.nudges_at(t)] == [3, 6, 9]
+    assert not any(VLAConfig.exact().nudges_at(t) for t in range(1, 50))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("lambda0", 0.0, "> 0"),
+        ("lambda0", -1.0, "> 0"),
+        ("lambda0", float("nan"), "finite"),
+        ("lambda0", float("inf"), "finite"),
+        ("lambda0", "0.1", "real number"),
+        ("sm_floor", -1e-4, ">= 0"),
+        ("nudge_eta", -1.0, ">= 0"),
+        ("out_eps", 0.0, "> 0"),
+        ("out_eps", -1.0, "> 0"),
+        ("norm_eps", 0.0, "> 0"),
+        ("nudge_period", 2.5, "positive integer"),
+        ("nudge_period", 0, "positive integer"),
+        ("nudge_period", True, "positive integer"),
+        ("normalize_gate", 1, "True or False"),
+        ("normalize_output", "yes", "True or False"),
+    ],
+)
+def test_bad_config_field_is_named(field: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        VLAConfig(**{field: value})
+    assert info.value.argument == field
+    assert field in str(info.value) and expected in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def _inputs(B=1, T=3, H=2, dk=4, dv=3, dtype=np.float64):
+    rng = np.random.default_rng(0)
+    q, k, u = (rng.standard_normal((B, T, H, dk)).astype(dtype) for _ in range(3))
+    v = rng.standard_normal((B, T, H, dv)).astype(dtype)
+    return q, k, v, u
+
+
+@pytest.mark.parametrize(
+    ("mutate", "argument", "expected"),
+    [
+        (lambda a: a.update(q=a["q"][0]), "q", "rank 4"),
+        (lambda a: a.update(k=a["k"][:, :2]), "k", "shape of q"),
+        (lambda a: a.update(u=a["u"][..., :3]), "u", "shape of q"),
+        (lambda a: a.update(v=a["v"][:, :, :1]), "v", "(dv,)"),
+        (lambda a: a.update(v=[[1.0]]), "v", "expected an array"),
+        (
+            lambda a: a.update(q=a["q"][:, :0], k=a["k"][:, :0], u=a["u"][:, :0], v=a["v"][:, :0]),
+            "q",
+            ">= 1",
+        ),
+    ],
+)
+def test_shape_errors_name_the_argument(mutate, argument: str, expected: str) -> None:
+    args = dict(zip("qkvu", _inputs(), strict=True))
+    mutate(args)
+    with pytest.raises(ShapeError) as info:
+        oracle.recurrence(args["q"], args["k"], args["v"], args["u"])
+    assert info.value.argument == argument
+    assert expected in str(info.value)
+
+
+def test_non_float_and_mixed_dtypes() -> None:
+    q, k, v, u = _inputs()
+    with pytest.raises(DTypeError, match=r"^q: expected a float dtype"):
+        oracle.recurrence(q.astype(np.int64), k, v, u)
+    with pytest.raises(DTypeError, match=r"^k: expected dtype float64 \(the dtype of q\)"):
+        oracle.recurrence(q, k.astype(np.float32), v, u)
+    with pytest.raises(DTypeError, match=r"^v: expected a float dtype.*complex128"):
+        oracle.recurrence(q, k, v.astype(np.complex128), u)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["q", "k", "v", "u"])
+def test_non_finite_inputs_are_refused(name: str, bad: float) -> None:
+    args = dict(zip("qkvu", _inputs(), strict=True))
+    args[name] = args[name].copy()
+    args[name][0, 1, 0, 0] = bad
+    with pytest.raises(NonFiniteError) as info:
+        oracle.recurrence(**args)
+    assert info.value.argument == name and "NaN or Inf" in str(info.value)
+
+
+def test_initial_state_is_checked() -> None:
+    q, k, v, u = _inputs(B=2, H=2, dk=4, dv=3)
+    S, A, z = np.zeros((2, 2, 3, 4)), np.eye(4) * np.ones((2, 2, 1, 1)), np.zeros((2, 2, 4))
+    with pytest.raises(ShapeError, match=r"initial_state.S: expected shape \(2, 2, 3, 4\)"):
+        oracle.recurrence(q, k, v, u, initial_state=(S.swapaxes(-1, -2), A, z))
+    with pytest.raises(ShapeError, match=r"initial_state: expected a tuple \(S, A, z\)"):
+        oracle.recurrence(q, k, v, u, initial_state=(S, A))
+    bad_A = A.copy()
+    bad_A[0, 0, 0, 0] = np.nan
+    with pytest.raises(NonFiniteError, match=r"initial_state.A"):
+        oracle.recurrence(q, k, v, u, initial_state=(S, bad_A, z))
+
+
+def test_unknown_variant() -> None:
+    with pytest.raises(UnknownVariantError, match=r"variant: expected one of .*'vla'.*got 'gla'"):
+        oracle.recurrence(*_inputs(), variant="gla")
+
+
+def test_rls_refuses_nudges_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match=r"config.nudge_period: .*VLAConfig.exact\(\)"):
+        oracle.recurrence(*_inputs(), variant="rls", config=VLAConfig())
+
+
+def test_every_input_error_is_a_value_error() -> None:
+    for cls in (ConfigError, ShapeError, DTypeError, NonFiniteError, UnknownVariantError):
+        assert issubclass(cls, VLAInputError) and issubclass(cls, ValueError)
