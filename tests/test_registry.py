@@ -43,6 +43,7 @@ def test_get_returns_a_spec4_callable() -> None:
     v = rng.standard_normal((1, 3, 1, 4))
     o, (S, A, z) = oracle(q, k, v, u, config=VLAConfig())
     assert o.shape == (1, 3, 1, 4) and S.shape == (1, 1, 4, 2) and A.shape == (1, 1, 2, 2)
+    assert z.shape == (1, 1, 2)
     assert o.dtype == np.float64
     o32, _ = oracle(*(x.astype(np.float32) for x in (q, k, v, u)), config=VLAConfig())
     assert o32.dtype == np.float32

@@ -7,13 +7,11 @@ counterexample.  The correct implementation there is written independently of th
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-
 from mutants import MUTANTS, make
+
 from vla_verify import VLAConfig, backends, validate
 from vla_verify.errors import DTypeError, UnknownVariantError, UnsupportedConfigurationError
-from vla_verify.properties.strategies import ShapeBounds
 from vla_verify.validation import _carry_cut
 
 SEED = 20261130
@@ -42,7 +40,7 @@ def test_rejects_planted_bug(mutant: str, dtype: str) -> None:
     text = report.summary()
     assert "FAILED" in text and "input: B=" in text
     # Hypothesis shrinks towards the smallest example that still fails.
-    B, T, H, dk, dv = failure.case.shapes
+    B, _, H, dk, dv = failure.case.shapes
     assert B == 1 and H == 1 and dk <= 2 and dv <= 2, failure.case.describe()
 
 
@@ -115,7 +113,7 @@ def test_variants_validate_and_catch_the_wrong_variant(variant: str) -> None:
 
 
 def test_rls_needs_the_exact_configuration() -> None:
-    with pytest.raises(UnsupportedConfigurationError, match="VLAConfig.exact"):
+    with pytest.raises(UnsupportedConfigurationError, match=r"VLAConfig\.exact"):
         validate(backends.get("numpy"), variant="rls", max_examples=5)
     assert validate(
         backends.get("numpy"), variant="rls", config=VLAConfig.exact(), max_examples=20, seed=SEED

@@ -18,11 +18,11 @@ from .spec import check_inputs
 __all__ = [
     "argmin_state",
     "jacobian_spectral_norm",
+    "linear_attention_states",
     "penalty_inverse",
     "penalty_matrix",
     "step_jacobian",
     "unit_normalize",
-    "linear_attention_states",
     "ut_state_chain",
 ]
 
@@ -122,7 +122,9 @@ def jacobian_spectral_norm(k_hat: Any, gate: Any, dv: int = 1) -> np.ndarray:
 
 
 def linear_attention_states(k: Any, v: Any) -> np.ndarray:
-    """``S_t = Σ_{s≤t} v_s k_sᵀ`` for every t (variant ``linear``, spec §2.4): ``[B, T, H, dv, dk]``.
+    """``S_t = Σ_{s≤t} v_s k_sᵀ`` for every t (variant ``linear``, spec §2.4).
+
+    Returns ``[B, T, H, dv, dk]``.
 
     A prefix sum, not a recurrence.
     """

@@ -8,7 +8,8 @@ For an implementation that computes in precision ``p``, the budget of a slice is
     budget = factor · err_p + floor,     floor = 2·eps_p · max|ref|
 
 where ``err_p`` is the error of the oracle itself run in precision ``p`` on the same (rounded)
-inputs (the largest over a few runs that round differently, since one run can be lucky) — FlashAttention's criterion: a kernel may be at most ``factor`` (default 2) times worse
+inputs (the largest over a few runs that round differently, since one run can be lucky) —
+FlashAttention's criterion: a kernel may be at most ``factor`` (default 2) times worse
 than a straightforward implementation in its own precision — and the floor is the
 representability error of the reference in ``p`` (FlashAttention's ``out + 0.3 − 0.3``).
 
