@@ -85,3 +85,11 @@ register(
     requires=("torch", "triton"),
     install_hint=_TRITON_HINT,
 )
+register(
+    "fla",
+    "vla_verify.adapters.fla",
+    "FlaBackend",
+    "external: flash-linear-attention kernels (delta rule; IPLR/DPLR as VLA's state update)",
+    requires=("torch", "triton", "fla"),
+    install_hint="pip install --no-deps fla-core==0.6.0 && pip install einops",
+)
