@@ -19,6 +19,14 @@ Regimes (the first of each list is the plainest, the one shrinking moves towards
 - initial state: none; ``spd`` (a random SPD ``A``, random ``S``, positive ``z``);
   ``indefinite`` (a symmetric indefinite ``A``, which drives the Sherman–Morrison denominator to
   its floor ``sm_floor``).
+
+Further corners (issue 3), first-class options outside the defaults of :func:`cases` (which
+``validate`` draws from): keys ``unit`` and ``near_parallel_tight`` (angles 1e-3…1e-2);
+penalties ``ill_conditioned`` (``κ(M_T)`` log-uniform up to 1e8); queries ``cancelling``
+(``z_t·q_t`` within ±out_eps of 0); values ``bounded`` (``||v|| <= 1``) and ``unit``.  Presets:
+:func:`hard_cases` (all of them), :func:`claim_cases` (the hypotheses of one claim of spec §3),
+:func:`bounded_cases` (claim C5), :func:`long_cases` (T in the hundreds or thousands, behind a
+parameter).  :func:`safe_target` feeds ``hypothesis.target`` for adversarial search.
 """
 
 from __future__ import annotations
@@ -31,13 +39,46 @@ from hypothesis import strategies as st
 
 from ..spec import VLAConfig
 
-__all__ = ["KEY_REGIMES", "PENALTY_REGIMES", "QUERY_REGIMES", "Case", "ShapeBounds", "cases"]
+__all__ = [
+    "ALL_KEY_REGIMES",
+    "ALL_PENALTY_REGIMES",
+    "ALL_QUERY_REGIMES",
+    "ALL_VALUE_REGIMES",
+    "KEY_REGIMES",
+    "PENALTY_REGIMES",
+    "QUERY_REGIMES",
+    "STATE_REGIMES",
+    "VALUE_REGIMES",
+    "Case",
+    "ShapeBounds",
+    "bounded_cases",
+    "cases",
+    "claim_cases",
+    "hard_cases",
+    "ill_conditioned_penalties",
+    "initial_states",
+    "long_cases",
+    "near_parallel_keys",
+    "safe_target",
+]
 
+# The default regimes of ``cases`` (what ``validate`` draws from; unchanged so that validation
+# runs stay comparable).  The ``ALL_*`` tuples add the further corners of issue 3, first-class
+# options for the property tests: pass them as ``key_regimes=...`` etc.
 KEY_REGIMES = ("gaussian", "positive", "near_parallel", "repeated", "scaled")
 PENALTY_REGIMES = ("layer", "gaussian", "concentrated", "tiny", "zero")
 QUERY_REGIMES = ("positive", "signed", "tiny")
 VALUE_REGIMES = ("gaussian", "large")
 STATE_REGIMES = ("none", "spd", "indefinite")
+
+#: ``unit``: unit keys (the hypothesis of claim C5); ``near_parallel_tight``: angles 1e-3…1e-2.
+ALL_KEY_REGIMES = (*KEY_REGIMES, "unit", "near_parallel_tight")
+#: ``ill_conditioned``: ``κ(M_T)`` log-uniform up to 1e8 (:func:`ill_conditioned_penalties`).
+ALL_PENALTY_REGIMES = (*PENALTY_REGIMES, "ill_conditioned")
+#: ``cancelling``: ``z_t·q_t`` within ±out_eps of zero (the read-out floor decides the output).
+ALL_QUERY_REGIMES = (*QUERY_REGIMES, "cancelling")
+#: ``bounded``: ``||v_t|| <= 1`` (the hypothesis of claim C5); ``unit``: ``||v_t|| = 1``.
+ALL_VALUE_REGIMES = (*VALUE_REGIMES, "bounded", "unit")
 
 
 @dataclass(frozen=True)
@@ -115,6 +156,10 @@ def make_keys(rng: np.random.Generator, regime: str, shape: tuple[int, ...]) -> 
         return pool[:, rng.integers(0, 2, size=T)]
     if regime == "scaled":
         return rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, size=(B, T, H, 1))
+    if regime == "unit":
+        return _unit(rng.standard_normal(shape))
+    if regime == "near_parallel_tight":
+        return near_parallel_keys(rng, shape, log10_angle=rng.uniform(-3, -2))
     raise ValueError(f"unknown key regime {regime!r}")
 
 
@@ -137,6 +182,8 @@ def make_penalties(
         return 1e-6 * rng.standard_normal(shape)
     if regime == "zero":
         return np.zeros(shape)
+    if regime == "ill_conditioned":
+        return ill_conditioned_penalties(rng, shape, log10_cond=rng.uniform(0.0, 8.0))
     raise ValueError(f"unknown penalty regime {regime!r}")
 
 
@@ -148,6 +195,85 @@ def make_queries(rng: np.random.Generator, regime: str, shape: tuple[int, ...]) 
     if regime == "tiny":
         return 1e-7 * _elu_plus_one(rng.standard_normal(shape))
     raise ValueError(f"unknown query regime {regime!r}")
+
+
+def ill_conditioned_penalties(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    *,
+    log10_cond: float,
+    lambda0: float = 0.1,
+    directions: int = 2,
+) -> np.ndarray:
+    """Penalties concentrated in ``directions`` fixed unit directions (per batch and head), whose
+    accumulated penalty ``M_T = lambda0·I + Σ u uᵀ`` has condition number about
+    ``10**log10_cond`` at the end of the sequence (spec §3 C1; the issue's "condition numbers to
+    1e8").  ``[B, T, H, dk]`` float64.
+
+    The total weight ``(cond − 1)·lambda0`` is split evenly over the ``T`` tokens, each token
+    penalising one of the directions (drawn at random), so ``κ(M_t)`` grows with ``t`` and reaches
+    about ``cond`` when the whole sequence is in.  With ``dk <= directions`` every direction is
+    penalised and the condition number is set by how unevenly they were drawn, so smaller.
+    """
+    B, T, H, dk = shape
+    n = max(1, min(directions, dk))
+    basis = np.linalg.qr(rng.standard_normal((B, H, dk, dk)))[0][..., :n]  # [B, H, dk, n]
+    which = rng.integers(0, n, size=(B, T, H))
+    total = (10.0**log10_cond - 1.0) * lambda0
+    per_token = np.sqrt(total * n / T)
+    b_idx, h_idx = np.meshgrid(np.arange(B), np.arange(H), indexing="ij")
+    out = np.empty(shape)
+    for t in range(T):
+        out[:, t] = basis[b_idx, h_idx, :, which[:, t]] * per_token
+    return out
+
+
+def near_parallel_keys(
+    rng: np.random.Generator, shape: tuple[int, ...], *, log10_angle: float
+) -> np.ndarray:
+    """Keys within an angle ``10**log10_angle`` radians of one direction per (batch, head), with
+    norms spread over 1e-1…1e1 (so normalisation matters): ``[B, T, H, dk]`` float64.
+
+    With ``dk = 1`` every key is parallel (angle 0) whatever is asked.
+    """
+    B, T, H, dk = shape
+    base = _unit(rng.standard_normal((B, 1, H, dk)))
+    wiggle = rng.standard_normal(shape)
+    wiggle = wiggle - np.sum(wiggle * base, axis=-1, keepdims=True) * base  # ⟂ base
+    norm = np.linalg.norm(wiggle, axis=-1, keepdims=True)
+    wiggle = np.where(norm > 0, wiggle / np.where(norm > 0, norm, 1.0), 0.0)
+    angle = 10.0**log10_angle * rng.uniform(0.5, 1.0, size=(B, T, H, 1))
+    keys = np.cos(angle) * base + np.sin(angle) * wiggle
+    return keys * 10.0 ** rng.uniform(-1, 1, size=(B, T, H, 1))
+
+
+def make_values(rng: np.random.Generator, regime: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Values ``[B, T, H, dv]``: ``gaussian``, ``large`` (×1e2), ``bounded`` (``||v|| <= 1``),
+    ``unit`` (``||v|| = 1``)."""
+    if regime == "gaussian":
+        return rng.standard_normal(shape)
+    if regime == "large":
+        return 100.0 * rng.standard_normal(shape)
+    if regime == "unit":
+        return _unit(rng.standard_normal(shape))
+    if regime == "bounded":
+        return _unit(rng.standard_normal(shape)) * rng.uniform(0.0, 1.0, size=(*shape[:-1], 1))
+    raise ValueError(f"unknown value regime {regime!r}")
+
+
+def cancelling_queries(
+    rng: np.random.Generator, k: np.ndarray, z0: np.ndarray, out_eps: float
+) -> np.ndarray:
+    """Queries with ``z_t·q_t`` within ``±out_eps`` of zero, ``z_t = z_0 + Σ_{s<=t} k_s`` (spec
+    §2.3 read-out): a random vector with its component along ``z_t`` replaced by a tiny signed
+    one, so the read-out floor ``max(z·q, out_eps)`` decides the output.  ``[B, T, H, dk]``."""
+    z = z0[:, None] + np.cumsum(k, axis=1)  # [B, T, H, dk]
+    r = rng.standard_normal(k.shape)
+    zz = np.sum(z * z, axis=-1, keepdims=True)
+    safe = np.where(zz > 0, zz, 1.0)
+    target = out_eps * rng.uniform(-1.0, 1.0, size=(*k.shape[:-1], 1))
+    along = (target - np.sum(r * z, axis=-1, keepdims=True)) / safe
+    return np.where(zz > 0, r + along * z, r)
 
 
 def make_state(
@@ -211,7 +337,141 @@ def cases(
     k_raw = rng.standard_normal(shape)
     k = make_keys(rng, regimes["keys"], shape)
     u = make_penalties(rng, regimes["penalties"], shape, k_raw)
-    q = make_queries(rng, regimes["queries"], shape)
-    v = rng.standard_normal((B, T, H, dv)) * (100.0 if regimes["values"] == "large" else 1.0)
+    v = make_values(rng, regimes["values"], (B, T, H, dv))
     state = make_state(rng, regimes["initial_state"], B, H, dk, dv, config.lambda0)
+    if regimes["queries"] == "cancelling":
+        z0 = np.zeros((B, H, dk)) if state is None else state[2]
+        q = cancelling_queries(rng, k, z0, config.out_eps)
+    else:
+        q = make_queries(rng, regimes["queries"], shape)
     return Case(q, k, v, u, state, split, regimes, seed)
+
+
+# -- composable presets ----------------------------------------------------------------------
+
+
+def hard_cases(config: VLAConfig | None = None, bounds: ShapeBounds | None = None) -> Any:
+    """:func:`cases` over every corner of issue 3: ill-conditioned penalties (κ to 1e8), keys at
+    angles down to 1e-3, positive-orthant keys, cancelling read-out denominators, bounded and
+    large values, given initial states (SPD and indefinite)."""
+    return cases(
+        config,
+        bounds,
+        key_regimes=ALL_KEY_REGIMES,
+        penalty_regimes=ALL_PENALTY_REGIMES,
+        query_regimes=ALL_QUERY_REGIMES,
+        value_regimes=ALL_VALUE_REGIMES,
+        state_regimes=STATE_REGIMES,
+    )
+
+
+def bounded_cases(config: VLAConfig | None = None, bounds: ShapeBounds | None = None) -> Any:
+    """Inputs satisfying the hypotheses of claim C5 (spec §3): unit keys ``k_t`` (so ``k̂ = k``),
+    ``||v_t|| <= 1``, no initial state; penalties from every regime."""
+    return cases(
+        config,
+        bounds,
+        key_regimes=("unit", "near_parallel_tight", "repeated"),
+        penalty_regimes=ALL_PENALTY_REGIMES,
+        query_regimes=("positive",),
+        value_regimes=("bounded", "unit"),
+        state_regimes=("none",),
+    )
+
+
+def long_cases(
+    config: VLAConfig | None = None,
+    *,
+    min_T: int = 256,
+    max_T: int = 2048,
+    max_dk: int = 4,
+    max_dv: int = 4,
+    **regimes: tuple[str, ...],
+) -> Any:
+    """Long sequences (``min_T <= T <= max_T``, B = H = 1, narrow heads so they stay fast) — the
+    regime where growth (claims C4, C5) and drift (C1 in float32) show.  ``regimes`` pass on to
+    :func:`cases` (``key_regimes=...``)."""
+    bounds = ShapeBounds(max_B=1, max_H=1, min_T=min_T, max_T=max_T, max_dk=max_dk, max_dv=max_dv)
+    return cases(config, bounds, **regimes)
+
+
+#: Regime sets per claim of spec §3 (what the claim's hypotheses allow), for :func:`claim_cases`.
+CLAIM_REGIMES: dict[str, dict[str, tuple[str, ...]]] = {
+    # C1/C2: the penalty chain from A_0 = I/lambda0 or an SPD state (indefinite states void SM).
+    "C1": {"penalty_regimes": ALL_PENALTY_REGIMES, "state_regimes": ("none", "spd")},
+    "C2": {"penalty_regimes": ALL_PENALTY_REGIMES, "state_regimes": ("none", "spd")},
+    # C3: S_0 = 0, A_0 = I/lambda0 (the objective has no prior term).
+    "C3": {
+        "key_regimes": ALL_KEY_REGIMES,
+        "penalty_regimes": ALL_PENALTY_REGIMES,
+        "value_regimes": ALL_VALUE_REGIMES,
+        "state_regimes": ("none",),
+    },
+    "C4": {
+        "key_regimes": ALL_KEY_REGIMES,
+        "penalty_regimes": ALL_PENALTY_REGIMES,
+        "state_regimes": ("none", "spd"),
+    },
+    "C5": {
+        "key_regimes": ("unit", "near_parallel_tight", "repeated"),
+        "penalty_regimes": ALL_PENALTY_REGIMES,
+        "query_regimes": ("positive",),
+        "value_regimes": ("bounded", "unit"),
+        "state_regimes": ("none",),
+    },
+}
+
+
+def claim_cases(
+    claim: str, config: VLAConfig | None = None, bounds: ShapeBounds | None = None
+) -> Any:
+    """:func:`cases` restricted to the hypotheses of ``claim`` (``"C1"`` … ``"C5"``, spec §3);
+    any other claim gets :func:`hard_cases`."""
+    if claim not in CLAIM_REGIMES:
+        return hard_cases(config, bounds)
+    return cases(config, bounds, **CLAIM_REGIMES[claim])
+
+
+@st.composite
+def initial_states(
+    draw: st.DrawFn,
+    B: int,
+    H: int,
+    dk: int,
+    dv: int,
+    *,
+    lambda0: float = 0.1,
+    regimes: tuple[str, ...] = ("spd", "indefinite"),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A given initial state ``(S [B,H,dv,dk], A [B,H,dk,dk], z [B,H,dk])`` (spec §2.3): ``spd``
+    (``A = (lambda0·I + G Gᵀ)^{-1}``) or ``indefinite`` (symmetric ``A`` with negative
+    eigenvalues, which drives the Sherman–Morrison denominator to its floor)."""
+    regime = draw(st.sampled_from(regimes), label="state_regime")
+    seed = draw(st.integers(0, 2**32 - 1), label="state_seed")
+    state = make_state(np.random.default_rng(seed), regime, B, H, dk, dv, lambda0)
+    assert state is not None
+    return state
+
+
+#: Large finite stand-in for an infinite observation (``hypothesis.target`` needs finite floats).
+TARGET_CAP = 1e300
+
+
+def safe_target(observation: float, label: str, *, log10: bool = False) -> float:
+    """``hypothesis.target(observation, label=label)`` made safe for any float: NaN is skipped,
+    ±inf is capped at ±:data:`TARGET_CAP`; ``log10=True`` targets ``log10(observation)`` (for
+    growth that spans many decades; ``observation <= 0`` becomes -400).  Returns what was sent.
+
+    Use it wherever a claim bounds something (a norm, a growth rate, an error), so Hypothesis
+    searches for the largest value instead of sampling blindly.
+    """
+    from hypothesis import target
+
+    x = float(observation)
+    if log10:
+        x = float(np.log10(x)) if x > 0 else -400.0
+    if np.isnan(x):
+        return x
+    x = float(np.clip(x, -TARGET_CAP, TARGET_CAP))
+    target(x, label=label)
+    return x
