@@ -103,3 +103,16 @@ def test_mpmath_backend_passes_validate_and_refuses_large_requests() -> None:
 
     reason = small.check_support(VLAConfig(), Shapes(1, 10, 1, 4, 4), "float64")
     assert reason is not None and "max_work=10" in reason
+
+
+def test_closed_forms_agree_with_mpmath() -> None:
+    _, k, v, u = _well_conditioned(seed=4, B=1, T=6, H=2, dk=3, dv=2)
+    direct = oracle.argmin_state(k, v, u, 0.1)
+    certified = oracle.argmin_state_mp(k, v, u, 0.1)
+    assert np.max(np.abs(direct - certified)) / np.max(np.abs(certified)) <= 1e-12
+    rng = np.random.default_rng(0)
+    a, g = rng.standard_normal(4), rng.standard_normal(4)
+    a, g = a / np.linalg.norm(a), g / np.linalg.norm(g)
+    np.testing.assert_allclose(
+        oracle.jacobian_spectral_norm(a, g, 3), oracle.jacobian_spectral_norm_mp(a, g), rtol=1e-14
+    )

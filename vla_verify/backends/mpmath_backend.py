@@ -163,6 +163,54 @@ def penalty_inverse_mp(u: Any, lambda0: float, *, dps: int = 50) -> np.ndarray:
     return out
 
 
+def argmin_state_mp(
+    k: Any, v: Any, u: Any, lambda0: float, *, norm_eps: float = 1e-12, dps: int = 50
+) -> np.ndarray:
+    """The minimiser of spec §3 C3 for every t at ``dps`` digits: ``[B, T, H, dv, dk]``.
+
+    ``S*_t = (Σ v_s k̂_sᵀ)(Σ k̂_s k̂_sᵀ + M_t)^{-1}`` by an mpmath LU solve.
+    """
+    k, v, u = (np.asarray(x, dtype=np.float64) for x in (k, v, u))
+    B, T, H, dk = k.shape
+    dv = v.shape[-1]
+    out = np.empty((B, T, H, dv, dk))
+    with mp.workdps(dps):
+        eps = mp.mpf(norm_eps)
+        for b in range(B):
+            for h in range(H):
+                system = mp.eye(dk) * mp.mpf(lambda0)
+                cross = mp.zeros(dv, dk)
+                for t in range(T):
+                    kh = mp.matrix(_normalize([mp.mpf(float(x)) for x in k[b, t, h]], eps))
+                    ut = mp.matrix([mp.mpf(float(x)) for x in u[b, t, h]])
+                    vt = mp.matrix([mp.mpf(float(x)) for x in v[b, t, h]])
+                    system = system + kh * kh.T + ut * ut.T
+                    cross = cross + vt * kh.T
+                    # S* = cross · system^{-1}: row i solves system · s_i = cross_i (symmetric)
+                    for i in range(dv):
+                        row = mp.lu_solve(system, cross[i, :].T)
+                        out[b, t, h, i] = [to_float64(row[j]) for j in range(dk)]
+    return out
+
+
+def jacobian_spectral_norm_mp(k_hat: Any, gate: Any, *, dps: int = 50) -> float:
+    """``||I − k̂ gᵀ||₂`` (the spectral norm of one step's Jacobian, claim C4) by an mpmath SVD.
+
+    ``k_hat`` and ``gate`` are single vectors ``[dk]``; the norm of ``S ↦ S X`` on ``dv × dk``
+    matrices equals ``||X||₂`` for every ``dv``.
+    """
+    k_hat = np.asarray(k_hat, dtype=np.float64)
+    gate = np.asarray(gate, dtype=np.float64)
+    dk = k_hat.shape[-1]
+    with mp.workdps(dps):
+        X = (
+            mp.eye(dk)
+            - mp.matrix([mp.mpf(float(x)) for x in k_hat])
+            * mp.matrix([mp.mpf(float(x)) for x in gate]).T
+        )
+        return to_float64(max(mp.svd_r(X, compute_uv=False)))
+
+
 class MpmathBackend(Backend):
     """Registry name ``mpmath``: the recurrence at ``dps`` digits (option ``dps``, default 50).
 
