@@ -1,0 +1,202 @@
+"""One module per claim of spec §3, and the search helpers they share.
+
+Each module defines ``CLAIM`` (a :class:`~vla_verify.proofs.ledger.Claim`) whose ``run(ctx)``
+returns the :class:`~vla_verify.proofs.ledger.ClaimResult` of the claim and of its sub-claims.
+The helpers here wrap Hypothesis for the two kinds of search the claims use:
+
+- :func:`find_minimal` — the smallest input (Hypothesis shrinks dk and T first: they are drawn
+  first) on which a predicate holds: a *minimal counterexample*;
+- :func:`search_max` — adversarial maximisation of an objective with ``hypothesis.target``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, find, given, settings, target
+from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+from hypothesis.strategies import SearchStrategy
+
+from ...properties.strategies import Case
+from ...spec import VLAConfig
+from ..ledger import Claim, Context
+
+__all__ = [
+    "CLAIMS",
+    "find_minimal",
+    "layer_penalties",
+    "run_proof",
+    "search_max",
+    "unit",
+]
+
+X = TypeVar("X")
+
+_SETTINGS: dict[str, Any] = dict(
+    database=None,
+    deadline=None,
+    print_blob=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def find_minimal(
+    strategy: SearchStrategy[X],
+    predicate: Callable[[X], bool],
+    *,
+    examples: int,
+    seed: int,
+) -> X | None:
+    """The shrunk (minimal) example of ``strategy`` satisfying ``predicate``, or None when
+    ``examples`` draws found none."""
+    try:
+        return find(
+            strategy,
+            predicate,
+            settings=settings(max_examples=examples, **_SETTINGS),
+            random=random.Random(seed),
+        )
+    except (NoSuchExample, Unsatisfiable):
+        return None
+
+
+def search_max(
+    strategy: SearchStrategy[X],
+    objective: Callable[[X], float],
+    *,
+    examples: int,
+    seed: int,
+    label: str = "objective",
+    on_example: Callable[[X, float], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[float, X | None, int]:
+    """Maximise ``objective`` over ``strategy`` with Hypothesis' targeted search.
+
+    Returns ``(best value, best example, examples evaluated)``.  Non-finite values count as
+    ``+inf`` (a state that overflowed is as large as it gets).
+    """
+    best: list[Any] = [-np.inf, None]
+    count = [0]
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=examples,
+        phases=(Phase.generate, Phase.target),
+        **_SETTINGS,
+    )
+    @given(strategy)
+    def run(x: Any) -> None:
+        value = float(objective(x))
+        if not np.isfinite(value):
+            value = np.inf
+        count[0] += 1
+        if progress is not None:
+            progress(count[0])
+        if on_example is not None:
+            on_example(x, value)
+        target(min(value, 1e300), label=label)
+        if value > best[0]:
+            best[0], best[1] = value, x
+
+    run()
+    return float(best[0]), best[1], count[0]
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """``x / ||x||`` along the last axis."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-300)
+
+
+def layer_penalties(rng: np.random.Generator, k_raw: np.ndarray) -> np.ndarray:
+    """``u = normalize(W_u k_raw)/sqrt(dk)`` with a random bias-free ``W_u`` (spec §2.5)."""
+    dk = k_raw.shape[-1]
+    W_u = rng.standard_normal((dk, dk)) / np.sqrt(dk)
+    return unit(k_raw @ W_u.T) / np.sqrt(dk)
+
+
+def certify(
+    ctx: Context,
+    claim_id: str,
+    case: Case,
+    config: VLAConfig,
+    check: str,
+    **params: Any,
+) -> tuple[str | None, bool | None, str]:
+    """Save a counterexample under ``ctx.outdir/counterexamples`` and re-check it in interval
+    arithmetic (:mod:`vla_verify.proofs.certificates`).
+
+    Returns ``(path, certified, note)``; ``path`` is None when the certificates module is not
+    available (the note says so).
+    """
+    try:
+        from .. import certificates
+    except ImportError as exc:  # pragma: no cover - the module ships with the package
+        return None, None, f"certificates unavailable: {exc}"
+    return certificates_adapter(certificates, ctx, claim_id, case, config, check, params)
+
+
+def certificates_adapter(
+    certificates: Any,
+    ctx: Context,
+    claim_id: str,
+    case: Case,
+    config: VLAConfig,
+    check: str,
+    params: dict[str, Any],
+) -> tuple[str | None, bool | None, str]:
+    raise NotImplementedError
+
+
+def run_proof(name: str) -> dict[str, Any] | None:
+    """Run ``vla_verify.proofs.symbolic.<name>()`` and return the proof as a dict
+    (``name, statement, established, derivation``), or None when it is not available."""
+    try:
+        from .. import symbolic
+    except ImportError:
+        return None
+    fn = getattr(symbolic, name, None)
+    if fn is None:
+        return None
+    proof = fn()
+    return {
+        "name": getattr(proof, "name", name),
+        "statement": str(getattr(proof, "statement", "")),
+        "established": bool(getattr(proof, "established", False)),
+        "derivation": [str(x) for x in (getattr(proof, "derivation", None) or [])],
+    }
+
+
+# The claim modules import the helpers above, so they are imported last.
+from . import (  # noqa: E402
+    c1_sherman_morrison,
+    c2_selectivity,
+    c3_closed_form,
+    c4_jacobian,
+    c5_bounded_state,
+    c6_state_norm_figure,
+    c7_capacity,
+    c8_cost,
+    c9_kernel_speed,
+    c10_recall,
+)
+
+#: The claims of spec §3, in order.
+CLAIMS: list[Claim] = [
+    m.CLAIM
+    for m in (
+        c1_sherman_morrison,
+        c2_selectivity,
+        c3_closed_form,
+        c4_jacobian,
+        c5_bounded_state,
+        c6_state_norm_figure,
+        c7_capacity,
+        c8_cost,
+        c9_kernel_speed,
+        c10_recall,
+    )
+]

@@ -1,0 +1,117 @@
+"""C9 — kernel speed (spec §3 C9), read from the kernel benchmarks of a later issue.
+
+The paper: the fused Triton kernel is 14× faster than sequential Python, scales as O(T), and
+beats softmax attention latency above ≈43,000 tokens.
+
+This module measures nothing itself (the ledger runs on CPU machines); it reads
+``benchmarks/results/h200/fused.json`` when the benchmark job has written it, and otherwise says
+plainly that the claim is not yet measured.  Expected schema (a list, or ``{"rows": [...]}``)::
+
+    {"rows": [{"impl": "fused" | "python" | "softmax", "T": 4096, "ms": 1.23}, ...]}
+
+Sub-claims: ``C9.speedup`` (python / fused at the longest common T within a factor 2 of 14),
+``C9.scaling`` (fused time ~ T^p with p ≤ 1.15 over the two longest T) and ``C9.crossover``
+(the first T at which fused beats softmax within a factor 2 of 43,000).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..ledger import Claim, ClaimResult, Context, Verdict
+
+__all__ = ["CLAIM", "RESULTS", "load_rows", "run"]
+
+RESULTS = Path("benchmarks") / "results" / "h200" / "fused.json"
+PAPER_SPEEDUP = 14.0
+PAPER_CROSSOVER = 43_000.0
+
+
+def _candidates() -> list[Path]:
+    here = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
+    return [Path.cwd() / RESULTS, here / RESULTS]
+
+
+def load_rows(path: Path | None = None) -> tuple[list[dict[str, Any]] | None, str]:
+    """The benchmark rows and where they came from, or ``(None, why not)``."""
+    paths = [path] if path is not None else _candidates()
+    for p in paths:
+        if p.is_file():
+            data = json.loads(p.read_text())
+            rows = data.get("rows", data.get("results")) if isinstance(data, dict) else data
+            if not isinstance(rows, list):
+                return None, f"{p}: expected a list of rows or {{'rows': [...]}}"
+            return rows, str(p)
+    return None, f"no kernel benchmark results yet ({RESULTS} does not exist)"
+
+
+def _times(rows: list[dict[str, Any]], impl: str) -> dict[int, float]:
+    return {int(r["T"]): float(r["ms"]) for r in rows if r.get("impl") == impl and "ms" in r}
+
+
+def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
+    rows, source = load_rows(path)
+    fused = _times(rows, "fused") if rows else {}
+    python = _times(rows, "python") if rows else {}
+    softmax = _times(rows, "softmax") if rows else {}
+    method = f"read {source}" if rows else source
+
+    common = sorted(set(fused) & set(python))
+    speedup = python[common[-1]] / fused[common[-1]] if common else None
+    Ts = sorted(fused)
+    exponent = (
+        float(np.log(fused[Ts[-1]] / fused[Ts[-2]]) / np.log(Ts[-1] / Ts[-2]))
+        if len(Ts) >= 2
+        else None
+    )
+    both = sorted(set(fused) & set(softmax))
+    crossover = next((T for T in both if fused[T] < softmax[T]), None) if both else None
+
+    def agrees(value: float | None, claimed: float) -> bool | None:
+        return None if value is None else claimed / 2 <= value <= claimed * 2
+
+    not_yet = [] if rows else ["not yet measured: " + source]
+    return [
+        ClaimResult(
+            id="C9.speedup",
+            title="Kernel speed: 14× sequential Python",
+            statement="The fused Triton kernel is 14× faster than sequential Python.",
+            formalisation="python_ms / fused_ms at the longest common T within ×2 of 14",
+            method=method,
+            verdict=Verdict.from_measurement(agrees(speedup, PAPER_SPEEDUP)),
+            figures={"speedup": speedup, "paper": PAPER_SPEEDUP},
+            key_figure="speedup" if speedup is not None else None,
+            evidence=not_yet or [f"speedup {speedup} at T = {common[-1] if common else '-'}"],
+        ),
+        ClaimResult(
+            id="C9.scaling",
+            title="Kernel speed: O(T)",
+            statement="The fused kernel scales as O(T).",
+            formalisation="fused time ~ T^p with p ≤ 1.15 over the two longest T",
+            method=method,
+            verdict=Verdict.from_measurement(None if exponent is None else exponent <= 1.15),
+            figures={"exponent": exponent},
+            key_figure="exponent" if exponent is not None else None,
+            evidence=not_yet or [f"fitted exponent {exponent}"],
+        ),
+        ClaimResult(
+            id="C9.crossover",
+            title="Kernel speed: beats softmax above ≈43k tokens",
+            statement="Beats softmax attention latency above ≈43,000 tokens.",
+            formalisation="first measured T with fused_ms < softmax_ms within ×2 of 43,000",
+            method=method,
+            verdict=Verdict.from_measurement(
+                None if not both else agrees(crossover, PAPER_CROSSOVER) if crossover else False
+            ),
+            figures={"crossover_T": crossover, "paper": PAPER_CROSSOVER},
+            key_figure="crossover_T" if both else None,
+            evidence=not_yet or [f"crossover at T = {crossover} (measured T: {both})"],
+        ),
+    ]
+
+
+CLAIM = Claim("C9", "Kernel speed", run)

@@ -1,0 +1,445 @@
+"""The claims ledger: every claim of spec §3 with a computed verdict and its evidence.
+
+``vla-verify claims`` (and the second half of ``vla-verify run``) runs one small module per claim
+(:mod:`vla_verify.proofs.claims`).  Each module states the paper's claim, its formalisation and
+the method, and *computes* a verdict from evidence: a Hypothesis search for violations (with a
+minimal, interval-certified counterexample when it finds one), a sympy proof, or a measurement
+compared with the paper's figure.  No verdict is a constant: :class:`Verdict` is only ever built
+by :meth:`Verdict.from_search`, :meth:`Verdict.from_measurement` or :meth:`Verdict.from_results`.
+
+Verdicts (spec §3): ``HOLDS``; ``FAILS`` (with a counterexample file); ``HOLDS_ONLY_IF`` (with the
+condition the search found); ``REPRODUCED`` / ``NOT_REPRODUCED`` for measured figures;
+``NOT_MEASURED`` where the data a claim needs does not exist yet (C9, C10).
+
+The JSON written by ``--json PATH`` is ``{"claims": [{"id", "verdict", "condition", "figures",
+"counterexample", ...}, ...]}``, one entry per claim and sub-claim (``C3.vla``, ``C4.step``…).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ..errors import VLAInputError
+from ..progress import ProgressBar
+
+__all__ = [
+    "PROFILES",
+    "Claim",
+    "ClaimResult",
+    "Context",
+    "LedgerReport",
+    "Profile",
+    "Verdict",
+    "add_arguments",
+    "all_claims",
+    "main",
+    "run_claims",
+    "run_from_cli",
+]
+
+
+class Verdict(str, Enum):
+    """A claim's verdict.  Build it from evidence with the ``from_*`` constructors."""
+
+    HOLDS = "HOLDS"
+    FAILS = "FAILS"
+    HOLDS_ONLY_IF = "HOLDS_ONLY_IF"
+    REPRODUCED = "REPRODUCED"
+    NOT_REPRODUCED = "NOT_REPRODUCED"
+    NOT_MEASURED = "NOT_MEASURED"
+
+    @classmethod
+    def from_search(cls, violations: int, *, condition_separates: bool = False) -> Verdict:
+        """The verdict of a search for violations of a universal statement.
+
+        ``violations``: how many searched examples violated it.  ``condition_separates``: True
+        when a condition was identified under which the search found no violation *and* every
+        violation lies outside it (the claim then holds only under that condition).
+        """
+        if violations < 0:
+            raise VLAInputError("violations", f"expected a count >= 0, got {violations}")
+        if violations == 0:
+            return cls.HOLDS
+        return cls.HOLDS_ONLY_IF if condition_separates else cls.FAILS
+
+    @classmethod
+    def from_measurement(cls, agrees: bool | None) -> Verdict:
+        """``REPRODUCED`` / ``NOT_REPRODUCED`` by whether a measured figure agrees with the
+        paper's; ``NOT_MEASURED`` when there is no measurement (``agrees is None``)."""
+        if agrees is None:
+            return cls.NOT_MEASURED
+        return cls.REPRODUCED if agrees else cls.NOT_REPRODUCED
+
+    @classmethod
+    def from_results(cls, verdicts: Iterable[Verdict]) -> Verdict:
+        """The conjunction of sub-verdicts of a universal claim: FAILS beats HOLDS_ONLY_IF beats
+        HOLDS (a claim that must hold in every setting fails if it fails in one)."""
+        seen = set(verdicts)
+        for v in (cls.FAILS, cls.NOT_REPRODUCED, cls.HOLDS_ONLY_IF, cls.NOT_MEASURED):
+            if v in seen:
+                return v
+        if cls.REPRODUCED in seen:
+            return cls.REPRODUCED
+        if not seen:
+            return cls.NOT_MEASURED
+        return cls.HOLDS
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Search effort.  ``quick``: the whole ledger in a couple of minutes on two cores;
+    ``thorough``: more examples, longer T, larger dk (≤ 60 minutes)."""
+
+    name: str
+    examples: int  # Hypothesis examples per search
+    max_T: int  # longest sequence a search draws
+    max_dk: int  # widest head a search draws
+    mp_examples: int  # examples checked in mpmath (slow)
+    drift_T: tuple[int, ...]  # C1: lengths for the float32 / bfloat16 drift
+    drift_dk: int
+    growth_T: tuple[int, ...]  # C4.product / C5: lengths for the growth test
+    capacity_dk: int  # C7
+    capacity_trials: int
+    layer_T: int  # C6 (spec: T = 1000)
+    layer_seeds: int
+    jacobian_dk: tuple[int, ...]  # C4: widths of the random-input Jacobian survey
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(
+        name="quick",
+        examples=40,
+        max_T=24,
+        max_dk=6,
+        mp_examples=3,
+        drift_T=(10, 100, 1000),
+        drift_dk=16,
+        growth_T=(250, 1000, 4000),
+        capacity_dk=16,
+        capacity_trials=3,
+        layer_T=1000,
+        layer_seeds=1,
+        jacobian_dk=(4, 16, 32),
+    ),
+    "thorough": Profile(
+        name="thorough",
+        examples=400,
+        max_T=64,
+        max_dk=16,
+        mp_examples=12,
+        drift_T=(10, 100, 1000, 4000, 10000),
+        drift_dk=32,
+        growth_T=(250, 1000, 4000, 16000, 64000),
+        capacity_dk=32,
+        capacity_trials=10,
+        layer_T=1000,
+        layer_seeds=5,
+        jacobian_dk=(2, 4, 16, 32, 64, 96),
+    ),
+}
+
+
+@dataclass
+class Context:
+    """What a claim's ``run`` receives: the profile, where to write, the seed, progress."""
+
+    profile: Profile
+    outdir: Path
+    seed: int = 0
+    show_progress: bool = False
+
+    def bar(self, label: str, total: int) -> ProgressBar:
+        return ProgressBar(label, total, enabled=self.show_progress)
+
+    @property
+    def counterexample_dir(self) -> Path:
+        path = self.outdir / "counterexamples"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass
+class ClaimResult:
+    """The verdict of one claim or sub-claim with its evidence (spec §3)."""
+
+    id: str
+    title: str
+    statement: str  # the paper's words
+    formalisation: str
+    method: str
+    verdict: Verdict
+    condition: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    key_figure: str | None = None  # the name of the figure shown in the terminal table
+    evidence: list[str] = field(default_factory=list)
+    counterexample: str | None = None  # path of the certified counterexample JSON
+    certified: bool | None = None  # interval arithmetic confirmed the counterexample
+    proofs: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    series: dict[str, Any] = field(default_factory=dict)  # data for the plots (not in JSON)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verdict, Verdict):
+            raise VLAInputError("verdict", f"expected a Verdict, got {self.verdict!r}")
+        if self.verdict is Verdict.HOLDS_ONLY_IF and not self.condition:
+            raise VLAInputError("condition", f"{self.id}: HOLDS_ONLY_IF must name its condition")
+
+    def key(self) -> str:
+        """The key figure as ``name = value`` for the table."""
+        if self.key_figure is None or self.key_figure not in self.figures:
+            return ""
+        return f"{self.key_figure} = {format_figure(self.figures[self.key_figure])}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "verdict": self.verdict.value,
+            "condition": self.condition,
+            "figures": _jsonable(self.figures),
+            "key_figure": self.key_figure,
+            "counterexample": self.counterexample,
+            "certified": self.certified,
+            "statement": self.statement,
+            "formalisation": self.formalisation,
+            "method": self.method,
+            "evidence": list(self.evidence),
+            "proofs": _jsonable(self.proofs),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def format_figure(value: Any) -> str:
+    """A figure for humans: 3 significant digits for floats, as-is otherwise."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_figure(v) for v in value) + "]"
+    return str(value)
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: NumPy scalars and arrays converted, non-finite floats as strings."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "tolist"):
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+RunFn = Callable[[Context], list[ClaimResult]]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of spec §3: its id (``C1``…``C10``), title and how to compute its results."""
+
+    id: str
+    title: str
+    run: RunFn
+
+
+@dataclass
+class LedgerReport:
+    """All results of one ledger run, with where its files went."""
+
+    profile: str
+    seed: int
+    results: list[ClaimResult]
+    seconds: float
+    outdir: str
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "seed": self.seed,
+            "seconds": round(self.seconds, 2),
+            "outdir": self.outdir,
+            "files": dict(self.files),
+            "notes": list(self.notes),
+            "claims": [r.to_dict() for r in self.results],
+        }
+
+
+def all_claims() -> list[Claim]:
+    """The registry: C1–C10 in order (imported lazily, so that ``import vla_verify`` is light)."""
+    from .claims import CLAIMS
+
+    return list(CLAIMS)
+
+
+def _select(claims: Sequence[Claim], only: Sequence[str] | None) -> list[Claim]:
+    if not only:
+        return list(claims)
+    wanted = {o.strip().upper().split(".")[0] for o in only if o.strip()}
+    known = {c.id for c in claims}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise VLAInputError("--only", f"unknown claim(s) {unknown}; known: {sorted(known)}")
+    return [c for c in claims if c.id in wanted]
+
+
+def run_claims(
+    profile: str | Profile = "quick",
+    outdir: str | Path = "vla-verify-report",
+    progress: bool = True,
+    *,
+    only: Sequence[str] | None = None,
+    seed: int = 0,
+    plots: bool = True,
+) -> LedgerReport:
+    """Compute the verdict of every claim (or those in ``only``) and write the reports.
+
+    Writes ``claims.json``, ``claims.md`` and (when matplotlib is installed and ``plots``) PNG
+    plots under ``outdir``; counterexamples go to ``outdir/counterexamples/``.
+    """
+    if isinstance(profile, str):
+        if profile not in PROFILES:
+            raise VLAInputError("profile", f"expected one of {sorted(PROFILES)}, got {profile!r}")
+        profile = PROFILES[profile]
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(profile=profile, outdir=out, seed=int(seed), show_progress=progress)
+    claims = _select(all_claims(), only)
+    start = time.perf_counter()
+    results: list[ClaimResult] = []
+    bar = ProgressBar(f"claims ({profile.name})", len(claims), enabled=progress)
+    for i, claim in enumerate(claims):
+        bar(i)
+        t0 = time.perf_counter()
+        for r in claim.run(ctx):
+            if r.seconds == 0.0:
+                r.seconds = time.perf_counter() - t0
+            results.append(r)
+    bar(len(claims))
+    bar.close()
+    report = LedgerReport(profile.name, ctx.seed, results, time.perf_counter() - start, str(out))
+    from .. import reports
+
+    report.files.update(reports.write_all(report, out, plots=plots))
+    return report
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``vla-verify claims``."""
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the ledger as JSON")
+    parser.add_argument(
+        "--markdown", default=None, metavar="PATH", help="write the ledger as Markdown"
+    )
+    parser.add_argument(
+        "--outdir", default="vla-verify-report", metavar="DIR", help="reports, plots, certificates"
+    )
+    parser.add_argument(
+        "--only", default=None, metavar="C1,C4,...", help="run only these claims (comma-separated)"
+    )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="FILE",
+        help="re-run a saved counterexample and re-check it in interval arithmetic",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def replay_file(path: str | Path) -> tuple[int, str]:
+    """Re-run a saved counterexample: ``(exit code, text)``; 0 when it still fails (and the
+    interval check certifies it), 1 when it no longer fails, 2 when the file is unusable."""
+    from . import certificates
+
+    p = Path(path)
+    if not p.is_file():
+        return 2, f"vla-verify: error: --replay: no such file {str(p)!r}"
+    try:
+        outcome = certificates.replay(p)
+    except (ValueError, KeyError, OSError) as exc:
+        return 2, f"vla-verify: error: --replay: {exc}"
+    still = bool(_field(outcome, "still_fails", "fails", "failed"))
+    certified = _field(outcome, "certified", "interval_certified")
+    lines = [
+        f"counterexample {p}",
+        f"  still fails: {'yes' if still else 'NO'}",
+        "  interval check (mpmath.iv): "
+        + ("certified" if certified else "not certified" if certified is not None else "not run"),
+    ]
+    detail = _field(outcome, "message", "summary", "detail")
+    if detail:
+        lines.append(f"  {detail}")
+    return (0 if still else 1), "\n".join(lines)
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vla-verify claims``: exit 0 when the ledger was computed (whatever the verdicts)."""
+    if args.replay:
+        code, text = replay_file(args.replay)
+        print(text, file=sys.stderr if code == 2 else sys.stdout)
+        return code
+    only = args.only.split(",") if args.only else None
+    report = run_claims(
+        args.profile,
+        args.outdir,
+        progress=not args.quiet,
+        only=only,
+        seed=args.seed,
+        plots=not args.no_plots,
+    )
+    from .. import reports
+
+    print(reports.terminal_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(reports.markdown(report))
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+def run_from_cli(args: argparse.Namespace) -> dict[str, Any]:
+    """The claims half of ``vla-verify run``: print the table, return the ledger as JSON data."""
+    report = run_claims(
+        getattr(args, "profile", "quick"),
+        getattr(args, "outdir", "vla-verify-report"),
+        progress=not getattr(args, "quiet", False),
+        seed=getattr(args, "seed", 0) or 0,
+        plots=not getattr(args, "no_plots", False),
+    )
+    from .. import reports
+
+    print(reports.terminal_table(report))
+    return report.to_dict()
