@@ -369,8 +369,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def replay_file(path: str | Path) -> tuple[int, str]:
-    """Re-run a saved counterexample: ``(exit code, text)``; 0 when it still fails (and the
-    interval check certifies it), 1 when it no longer fails, 2 when the file is unusable."""
+    """Re-run a saved counterexample (:func:`vla_verify.proofs.certificates.replay`):
+    ``(exit code, text)``.  0: it still fails and the interval check certifies it; 1: it no
+    longer reproduces or is not certified; 2: the file is missing or unreadable."""
     from . import certificates
 
     p = Path(path)
@@ -378,29 +379,16 @@ def replay_file(path: str | Path) -> tuple[int, str]:
         return 2, f"vla-verify: error: --replay: no such file {str(p)!r}"
     try:
         outcome = certificates.replay(p)
-    except (ValueError, KeyError, OSError) as exc:
-        return 2, f"vla-verify: error: --replay: {exc}"
-    still = bool(_field(outcome, "still_fails", "fails", "failed"))
-    certified = _field(outcome, "certified", "interval_certified")
+    except (ValueError, KeyError, TypeError, OSError, json.JSONDecodeError) as exc:
+        return 2, f"vla-verify: error: --replay: cannot replay {str(p)!r}: {exc}"
     lines = [
         f"counterexample {p}",
-        f"  still fails: {'yes' if still else 'NO'}",
+        f"  still fails: {'yes' if outcome.reproduced else 'NO'}",
         "  interval check (mpmath.iv): "
-        + ("certified" if certified else "not certified" if certified is not None else "not run"),
+        + ("certified" if outcome.interval.certified else "NOT certified"),
+        outcome.summary(),
     ]
-    detail = _field(outcome, "message", "summary", "detail")
-    if detail:
-        lines.append(f"  {detail}")
-    return (0 if still else 1), "\n".join(lines)
-
-
-def _field(obj: Any, *names: str) -> Any:
-    for name in names:
-        if isinstance(obj, dict) and name in obj:
-            return obj[name]
-        if hasattr(obj, name):
-            return getattr(obj, name)
-    return None
+    return (0 if outcome.ok else 1), "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -123,32 +123,50 @@ def certify(
     claim_id: str,
     case: Case,
     config: VLAConfig,
-    check: str,
-    **params: Any,
+    quantity: str,
+    where: tuple[int, int, int],
+    *,
+    variant: str = "vla",
+    statement: str = "",
+    claimed: float | None = None,
+    bound: float | None = None,
+    note: str = "",
 ) -> tuple[str | None, bool | None, str]:
-    """Save a counterexample under ``ctx.outdir/counterexamples`` and re-check it in interval
-    arithmetic (:mod:`vla_verify.proofs.certificates`).
+    """Save a counterexample as ``ctx.outdir/counterexamples/<claim_id>.json`` and re-check it in
+    interval arithmetic (:mod:`vla_verify.proofs.certificates`: ``from_case``, ``save``,
+    ``recheck_interval``).
 
-    Returns ``(path, certified, note)``; ``path`` is None when the certificates module is not
-    available (the note says so).
+    ``quantity`` is one of ``certificates.QUANTITIES``; ``where`` the violating ``(b, t, h)``.
+    Returns ``(path, certified, text for the evidence)``.
     """
+    from .. import certificates
+
+    cx = certificates.from_case(
+        claim_id,
+        quantity,
+        case,
+        config,
+        where,
+        variant=variant,
+        statement=statement,
+        claimed=claimed,
+        bound=bound,
+        note=note,
+    )
+    path = certificates.save(cx, ctx.counterexample_dir / f"{claim_id}.json")
     try:
-        from .. import certificates
-    except ImportError as exc:  # pragma: no cover - the module ships with the package
-        return None, None, f"certificates unavailable: {exc}"
-    return certificates_adapter(certificates, ctx, claim_id, case, config, check, params)
-
-
-def certificates_adapter(
-    certificates: Any,
-    ctx: Context,
-    claim_id: str,
-    case: Case,
-    config: VLAConfig,
-    check: str,
-    params: dict[str, Any],
-) -> tuple[str | None, bool | None, str]:
-    raise NotImplementedError
+        verdict = certificates.recheck_interval(cx)
+    except (ValueError, NotImplementedError) as exc:
+        return (
+            str(path),
+            None,
+            f"counterexample {path}: {cx.describe()}; no interval re-check: {exc}",
+        )
+    text = (
+        f"counterexample {path}: {cx.describe()}; interval re-check: {verdict.detail}"
+        f" => {'CERTIFIED' if verdict.certified else 'not certified'}"
+    )
+    return str(path), bool(verdict.certified), text
 
 
 def run_proof(name: str) -> dict[str, Any] | None:
@@ -166,7 +184,8 @@ def run_proof(name: str) -> dict[str, Any] | None:
         "name": getattr(proof, "name", name),
         "statement": str(getattr(proof, "statement", "")),
         "established": bool(getattr(proof, "established", False)),
-        "derivation": [str(x) for x in (getattr(proof, "derivation", None) or [])],
+        "derivation": str(getattr(proof, "derivation", "") or ""),
+        "steps": [list(map(str, step)) for step in getattr(proof, "steps", ()) or ()],
     }
 
 

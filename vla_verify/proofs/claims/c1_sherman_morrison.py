@@ -140,8 +140,17 @@ def run(ctx: Context, *, backend: Any = "numpy") -> list[ClaimResult]:
             _strategy(ctx), lambda c: not check(c).holds, examples=p.examples, seed=ctx.seed
         )
         minimal = minimal if minimal is not None else violations[0]
+        found = check(minimal)
         counterexample, certified, note = certify(
-            ctx, "C1", minimal, config, "sherman_morrison_exactness"
+            ctx,
+            "C1",
+            minimal,
+            config,
+            "sm_residual",
+            found.where,
+            statement=STATEMENT,
+            note=f"found with backend {getattr(backend, 'name', backend)}; re-measured with "
+            "the oracle",
         )
         evidence.append(f"minimal counterexample: {minimal.describe()} — {check(minimal).detail}")
         evidence.append(note)

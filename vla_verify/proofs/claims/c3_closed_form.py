@@ -66,7 +66,14 @@ def run_variant(ctx: Context, variant: str) -> ClaimResult:
         )
         minimal = minimal if minimal is not None else violations[0]
         counterexample, certified, note = certify(
-            ctx, f"C3.{variant}", minimal, config, "closed_form_equivalence", variant=variant
+            ctx,
+            f"C3.{variant}",
+            minimal,
+            config,
+            "argmin_residual",
+            check(minimal).where,
+            variant=variant,
+            statement=STATEMENT,
         )
         evidence.append(f"minimal counterexample: {minimal.describe()} — {check(minimal).detail}")
         evidence.append(note)
@@ -78,11 +85,15 @@ def run_variant(ctx: Context, variant: str) -> ClaimResult:
                     f"what the vla step minimises (sympy, established: {proof['established']}): "
                     f"{proof['statement']}"
                 )
-    if variant == "rls":
-        proof = run_proof("prove_rls_recursion")
+    names = ["prove_argmin_closed_form"] + (["prove_rls_recursion"] if variant == "rls" else [])
+    for name in names:
+        proof = run_proof(name)
         if proof:
             proofs.append(proof)
             evidence.append(f"sympy: {proof['statement']} — established: {proof['established']}")
+    objective = next(
+        (p["statement"] for p in proofs if p["name"].endswith("vla_step_objective")), None
+    )
     return ClaimResult(
         id=f"C3.{variant}",
         title=f"Closed-form equivalence ({variant})",
@@ -98,6 +109,7 @@ def run_variant(ctx: Context, variant: str) -> ClaimResult:
             "examples": n,
             "violations": len(violations),
             "max_distance_over_bound": worst["ratio"],
+            **({"objective_minimised_by_step": objective} if objective else {}),
         },
         key_figure="max_distance_over_bound",
         evidence=evidence,

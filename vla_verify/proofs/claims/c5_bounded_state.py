@@ -139,7 +139,11 @@ def run(ctx: Context, *, variant: str = "vla") -> list[ClaimResult]:
         progress=bar,
     )
     bar.close()
-    assert best is not None
+    # The analytic construction (tilt ~ κ^{-1/2}: power 1/2) seeds the search.
+    seed_member = {"dk": 2, "power": 0.5, "mix": 0.0, "flip_values": False}
+    seed_sup = _sup(shear_case(T_search, **seed_member), config_for(exact), variant)
+    if best is None or seed_sup > best_sup:
+        best_sup, best = seed_sup, seed_member
     results: dict[str, dict[str, Any]] = {}
     series: dict[str, Any] = {}
     for name, config in (("paper", VLAConfig()), ("exact", exact)):
@@ -186,21 +190,29 @@ def run(ctx: Context, *, variant: str = "vla") -> list[ClaimResult]:
     if failing:
         which = "paper" if paper_unbounded else "exact"
         config = config_for(VLAConfig() if which == "paper" else exact)
-        case = shear_case(lengths[-1], **best)
-        threshold = results[which]["sup"][0]
+        sups = results[which]["sup"]
+        threshold = sups[0]
+        # The shortest tested length whose sup clearly exceeds the first one's.
+        i = next((i for i in range(1, len(sups)) if sups[i] > 1.5 * threshold), len(sups) - 1)
+        case = shear_case(lengths[i], **best)
+        norms = invariants.state_norms(case, config, variant=variant)
+        where = (0, int(np.argmax(norms[0, :, 0])), 0)
         counterexample, certified, note = certify(
             ctx,
             "C5",
             case,
             config,
-            "state_norm_exceeds",
+            "state_norm",
+            where,
             variant=variant,
-            threshold=threshold,
-            short_T=lengths[0],
+            claimed=threshold,
+            statement=f"||S_t||_F ≤ sup_{{t ≤ {lengths[0]}}} ||S_t||_F = {threshold:.6g} "
+            f"(the state at T = {lengths[i]} exceeds the largest state of the first "
+            f"{lengths[0]} tokens: growth with T)",
         )
         evidence.append(
             f"counterexample ({which} preset): {case.describe()}; ||S_t||_F reaches "
-            f"{results[which]['sup'][-1]:.3g} > {threshold:.3g} = sup at T = {lengths[0]}"
+            f"{sups[i]:.3g} at T = {lengths[i]} > {threshold:.3g} = sup at T = {lengths[0]}"
         )
         evidence.append(note)
     condition = (

@@ -1,0 +1,63 @@
+"""Shared fixtures of the claims tests: a tiny profile and planted backends (spec §3 meta-tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from vla_verify.backends.numpy_oracle import NumpyOracleBackend
+from vla_verify.proofs.ledger import Context, Profile
+
+TINY = Profile(
+    name="tiny",
+    examples=8,
+    max_T=8,
+    max_dk=3,
+    mp_examples=1,
+    drift_T=(10, 50),
+    drift_dk=4,
+    growth_T=(100, 400, 1600),
+    capacity_dk=6,
+    capacity_trials=4,
+    layer_T=1000,
+    layer_seeds=1,
+    jacobian_dk=(4,),
+)
+
+
+def tiny_context(tmp_path: Path, seed: int = 0) -> Context:
+    return Context(profile=TINY, outdir=tmp_path, seed=seed)
+
+
+class NudgingOracle(NumpyOracleBackend):
+    """Planted: nudges every 3 steps although the configuration has no nudges (breaks C1)."""
+
+    name = "planted_nudge"
+
+    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+        return super()._run(
+            q, k, v, u, config=config.replace(nudge_period=3), initial_state=initial_state
+        )
+
+
+class SignFlippedDowndate(NumpyOracleBackend):
+    """Planted: ``A_t = A_{t-1} + s sᵀ/δ`` (the downdate's sign flipped; breaks C2)."""
+
+    name = "planted_sign_flip"
+
+    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+        B, T, H, dk = q.shape
+        if initial_state is None:
+            A = np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk)).copy()
+            S = np.zeros((B, H, v.shape[-1], dk))
+            z = np.zeros((B, H, dk))
+        else:
+            S, A, z = (np.array(x, dtype=np.float64) for x in initial_state)
+        for t in range(T):
+            ut = u[:, t]
+            s = np.einsum("bhij,bhj->bhi", A, ut)
+            d = np.maximum(1 + np.einsum("bhi,bhi->bh", ut, s), config.sm_floor)
+            A = A + s[..., :, None] * s[..., None, :] / d[..., None, None]
+        o = np.zeros(v.shape)
+        return o, (S, A, z)

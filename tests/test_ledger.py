@@ -1,0 +1,114 @@
+"""The claims ledger (vla_verify.proofs.ledger) and the ``claims`` / ``run`` commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from vla_verify import cli
+from vla_verify.errors import VLAInputError
+from vla_verify.proofs import ledger
+from vla_verify.proofs.ledger import ClaimResult, Verdict
+
+
+def test_verdict_constructors():
+    assert Verdict.from_search(0) is Verdict.HOLDS
+    assert Verdict.from_search(2) is Verdict.FAILS
+    assert Verdict.from_search(2, condition_separates=True) is Verdict.HOLDS_ONLY_IF
+    assert Verdict.from_measurement(True) is Verdict.REPRODUCED
+    assert Verdict.from_measurement(False) is Verdict.NOT_REPRODUCED
+    assert Verdict.from_measurement(None) is Verdict.NOT_MEASURED
+    assert Verdict.from_results([Verdict.HOLDS, Verdict.FAILS]) is Verdict.FAILS
+    with pytest.raises(VLAInputError, match="violations"):
+        Verdict.from_search(-1)
+
+
+def test_holds_only_if_needs_a_condition():
+    with pytest.raises(VLAInputError, match="condition"):
+        ClaimResult("C9", "t", "s", "f", "m", Verdict.from_search(1, condition_separates=True))
+
+
+def test_registry_has_every_claim():
+    assert [c.id for c in ledger.all_claims()] == [f"C{i}" for i in range(1, 11)]
+
+
+def test_claims_command_writes_the_json_schema(tmp_path, capsys):
+    out = tmp_path / "ledger.json"
+    md = tmp_path / "ledger.md"
+    code = cli.main(
+        [
+            "claims",
+            "--only",
+            "C8,C9,C10",
+            "--quiet",
+            "--outdir",
+            str(tmp_path / "r"),
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+            "--no-plots",
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    ids = [c["id"] for c in data["claims"]]
+    assert ids == [
+        "C8.per_token",
+        "C8.ratio",
+        "C8.total",
+        "C9.speedup",
+        "C9.scaling",
+        "C9.crossover",
+        "C10",
+    ]
+    allowed = {v.value for v in Verdict}
+    for c in data["claims"]:
+        assert c["verdict"] in allowed
+        assert c["condition"] is None or isinstance(c["condition"], str)
+        assert isinstance(c["figures"], dict)
+        assert c["counterexample"] is None or isinstance(c["counterexample"], str)
+    assert "NOT_MEASURED" in capsys.readouterr().out
+    assert "# Claims ledger" in md.read_text()
+
+
+def test_unknown_claim_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["claims", "--only", "C42", "--quiet", "--outdir", str(tmp_path)]) == 2
+    assert "--only" in capsys.readouterr().err
+
+
+def test_run_from_cli_returns_json_data(tmp_path, monkeypatch):
+    subset = [c for c in ledger.all_claims() if c.id in ("C9", "C10")]
+    monkeypatch.setattr(ledger, "all_claims", lambda: subset)
+    args = argparse.Namespace(profile="quick", outdir=str(tmp_path), quiet=True, seed=0, json=None)
+    data = ledger.run_from_cli(args)
+    json.dumps(data)
+    assert [c["id"] for c in data["claims"]][-1] == "C10"
+
+
+def test_replay_of_a_certified_counterexample(tmp_path, capsys):
+    from vla_verify.proofs.claims import c3_closed_form
+    from vla_verify.proofs.ledger import PROFILES, Context
+
+    ctx = Context(
+        PROFILES["quick"].__class__(**{**PROFILES["quick"].__dict__, "examples": 5}), tmp_path
+    )
+    result = c3_closed_form.run_variant(ctx, "vla")
+    assert result.verdict is Verdict.FAILS and result.certified
+    assert cli.main(["claims", "--replay", result.counterexample]) == 0
+    out = capsys.readouterr().out
+    assert "still fails: yes" in out and "certified" in out
+    assert cli.main(["claims", "--replay", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.slow
+def test_quick_profile_runs_every_claim(tmp_path):
+    report = ledger.run_claims("quick", tmp_path, progress=False)
+    ids = {r.id for r in report.results}
+    assert {"C1", "C2", "C3.vla", "C3.rls", "C4.step", "C4.product", "C5", "C6", "C10"} <= ids
+    assert report.seconds < 300
+    for r in report.results:
+        if r.verdict is Verdict.FAILS and r.id != "C4.product":
+            assert r.counterexample and r.certified

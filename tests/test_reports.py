@@ -1,0 +1,92 @@
+"""Reports of the ledger (vla_verify.reports): table, JSON, Markdown, plots, matplotlib optional."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import subprocess
+import sys
+
+from vla_verify import reports
+from vla_verify.proofs.ledger import ClaimResult, LedgerReport, Verdict
+
+
+def _report(tmp_path) -> LedgerReport:
+    results = [
+        ClaimResult(
+            "C1",
+            "SM",
+            "s",
+            "f",
+            "m",
+            Verdict.from_search(0),
+            figures={"err": 1e-15},
+            key_figure="err",
+            series={"sm_drift": {"T": [1, 10], "float32": [1e-7, 2e-7]}},
+        ),
+        ClaimResult(
+            "C4.step",
+            "J",
+            "s",
+            "f",
+            "m",
+            Verdict.from_search(3, condition_separates=True),
+            condition="α̂ ∥ k̂",
+            counterexample=str(tmp_path / "c.json"),
+            certified=True,
+            series={"jacobian_norms": {4: [1.0, 1.2, 1.3]}},
+        ),
+        ClaimResult(
+            "C5",
+            "B",
+            "s",
+            "f",
+            "m",
+            Verdict.from_search(1),
+            series={
+                "state_norms_random": {"vla": [1.0, 2.0]},
+                "state_norms_adversarial": {"linear": [1.0, 3.0]},
+            },
+        ),
+    ]
+    return LedgerReport("quick", 0, results, 1.0, str(tmp_path))
+
+
+def test_table_markdown_json(tmp_path):
+    report = _report(tmp_path)
+    files = reports.write_all(report, tmp_path, plots=True)
+    table = reports.terminal_table(report)
+    assert "HOLDS_ONLY_IF" in table and "only if: α̂ ∥ k̂" in table and "certified" in table
+    md = (tmp_path / "claims.md").read_text()
+    assert "| C4.step | **HOLDS_ONLY_IF** | α̂ ∥ k̂ |" in md
+    data = json.loads((tmp_path / "claims.json").read_text())
+    ids = [c["id"] for c in data["claims"]]
+    assert ids == ["C1", "C4.step", "C5"]
+    for c in data["claims"]:
+        assert {"id", "verdict", "condition", "figures", "counterexample"} <= set(c)
+    for name in ("state_norms", "jacobian_norms", "sm_drift"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000, files
+
+
+def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    report = _report(tmp_path)
+    files = reports.write_all(report, tmp_path)
+    assert not any(f.endswith(".png") for f in files.values())
+    assert any("matplotlib is not installed" in n for n in report.notes)
+
+
+def test_import_vla_verify_does_not_import_matplotlib():
+    code = (
+        "import sys, vla_verify, vla_verify.reports, vla_verify.proofs.ledger; "
+        "print('matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
