@@ -61,22 +61,35 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
     assert {r.verdict for r in missing} == {Verdict.NOT_MEASURED}
     assert "not yet measured" in missing[0].evidence[0]
     rows = []
+
+    def record(op: str, T: int, ms: float) -> dict:
+        return {
+            "op": op,
+            "B": 1,
+            "T": T,
+            "H": 16,
+            "D": 64,
+            "dtype": "bfloat16",
+            "mode": "fwd",
+            "median_ms": ms,
+        }
+
     for T in (1024, 8192, 65536):
         rows += [
-            {"impl": "fused", "T": T, "ms": T * 1e-3},
-            {"impl": "python", "T": T, "ms": T * 14e-3},
-            {"impl": "softmax", "T": T, "ms": T * T * 2e-8},
+            record("vla_triton_fused", T, T * 1e-3),
+            record("vla_torch_sequential", T, T * 14e-3),
+            record("sdpa", T, T * T * 2e-8),
         ]
     path = tmp_path / "fused.json"
-    path.write_text(json.dumps({"rows": rows}))
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
     good = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
     assert good["C9.speedup"].verdict is Verdict.REPRODUCED
     assert good["C9.scaling"].verdict is Verdict.REPRODUCED
     assert good["C9.crossover"].verdict is Verdict.REPRODUCED
     for r in rows:
-        if r["impl"] == "fused":
-            r["ms"] = r["T"] ** 2 * 1e-6
-    path.write_text(json.dumps(rows))
+        if r["op"] == "vla_triton_fused":
+            r["median_ms"] = r["T"] ** 2 * 1e-6
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
     bad = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
     assert bad["C9.scaling"].verdict is Verdict.NOT_REPRODUCED
 

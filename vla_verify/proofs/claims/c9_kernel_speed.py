@@ -4,14 +4,20 @@ The paper: the fused Triton kernel is 14× faster than sequential Python, scales
 beats softmax attention latency above ≈43,000 tokens.
 
 This module measures nothing itself (the ledger runs on CPU machines); it reads
-``benchmarks/results/h200/fused.json`` when the benchmark job has written it, and otherwise says
-plainly that the claim is not yet measured.  Expected schema (a list, or ``{"rows": [...]}``)::
+``benchmarks/results/h200/fused.json`` — written by ``benchmarks/gpu/triton_h200.py`` on the H200
+(issue 5) — when it exists, and otherwise says plainly that the claim is not yet measured.
+Schema::
 
-    {"rows": [{"impl": "fused" | "python" | "softmax", "T": 4096, "ms": 1.23}, ...]}
+    {"machine": {...}, "records": [{"op": "vla_triton_fused" | "vla_torch_sequential" | "sdpa"
+                                          | ..., "B": 1, "T": 4096, "H": 16, "D": 64,
+                                    "dtype": "bfloat16", "mode": "fwd" | "fwdbwd",
+                                    "median_ms": 1.23}, ...]}
 
-Sub-claims: ``C9.speedup`` (python / fused at the longest common T within a factor 2 of 14),
-``C9.scaling`` (fused time ~ T^p with p ≤ 1.15 over the two longest T) and ``C9.crossover``
-(the first T at which fused beats softmax within a factor 2 of 43,000).
+Forward times at head dim ``D = 64`` are used ("sequential Python" is the PyTorch per-token loop,
+``vla_torch_sequential``; "softmax attention" is PyTorch SDPA).  Sub-claims: ``C9.speedup``
+(sequential / fused at the longest common T within a factor 2 of 14), ``C9.scaling`` (fused time
+~ T^p with p ≤ 1.15 over the two longest T) and ``C9.crossover`` (the first T at which fused
+beats softmax within a factor 2 of 43,000).
 """
 
 from __future__ import annotations
@@ -42,22 +48,31 @@ def load_rows(path: Path | None = None) -> tuple[list[dict[str, Any]] | None, st
     for p in paths:
         if p.is_file():
             data = json.loads(p.read_text())
-            rows = data.get("rows", data.get("results")) if isinstance(data, dict) else data
+            rows = data.get("records") if isinstance(data, dict) else None
             if not isinstance(rows, list):
-                return None, f"{p}: expected a list of rows or {{'rows': [...]}}"
+                return None, f"{p}: expected {{'records': [...]}}"
             return rows, str(p)
     return None, f"no kernel benchmark results yet ({RESULTS} does not exist)"
 
 
-def _times(rows: list[dict[str, Any]], impl: str) -> dict[int, float]:
-    return {int(r["T"]): float(r["ms"]) for r in rows if r.get("impl") == impl and "ms" in r}
+def _times(
+    rows: list[dict[str, Any]], op: str, *, D: int = 64, mode: str = "fwd"
+) -> dict[int, float]:
+    """Forward median times by T for one op at head dim D (the best over dtypes, if several)."""
+    times: dict[int, float] = {}
+    for r in rows:
+        if r.get("op") == op and r.get("mode") == mode and int(r.get("D", D)) == D:
+            if r.get("median_ms") is not None:
+                T = int(r["T"])
+                times[T] = min(times.get(T, np.inf), float(r["median_ms"]))
+    return times
 
 
 def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
     rows, source = load_rows(path)
-    fused = _times(rows, "fused") if rows else {}
-    python = _times(rows, "python") if rows else {}
-    softmax = _times(rows, "softmax") if rows else {}
+    fused = _times(rows, "vla_triton_fused") if rows else {}
+    python = _times(rows, "vla_torch_sequential") if rows else {}
+    softmax = _times(rows, "sdpa") if rows else {}
     method = f"read {source}" if rows else source
 
     common = sorted(set(fused) & set(python))
