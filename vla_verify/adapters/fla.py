@@ -9,17 +9,17 @@ fla only when an adapter is first called.
 Adapters (module attributes, each a registry :class:`~vla_verify.backends.Backend` bound to one
 fla kernel; ``vla-verify check vla_verify.adapters.fla:NAME`` takes any of them):
 
-==========================  ==================================  =======  ===========================
-name                        fla kernel                          variant  dtypes (why not others)
-==========================  ==================================  =======  ===========================
-``fused_recurrent_delta``   ``fused_recurrent_delta_rule``      delta    float32, bfloat16, float16
-``chunk_delta``             ``chunk_delta_rule``                delta    bfloat16, float16 (fla
-                                                                         asserts against float32)
-``fused_recurrent_iplr_vla``  ``fused_recurrent_iplr_delta_rule``  vla    float32, bfloat16, float16
-``chunk_iplr_vla``          ``chunk_iplr_delta_rule``           vla      float32, bfloat16, float16
-``fused_recurrent_dplr_vla``  ``fused_recurrent_dplr_delta_rule``  vla    float32, bfloat16, float16
-``chunk_dplr_vla``          ``chunk_dplr_delta_rule``           vla      float32, bfloat16, float16
-==========================  ==================================  =======  ===========================
+- ``fused_recurrent_delta`` — ``fused_recurrent_delta_rule``, variant ``delta``;
+  float32, bfloat16, float16.
+- ``chunk_delta`` — ``chunk_delta_rule``, ``delta``; bfloat16, float16 (fla asserts against
+  float32).
+- ``fused_recurrent_iplr_vla`` — ``fused_recurrent_iplr_delta_rule``, ``vla``; float32, bfloat16,
+  float16.
+- ``chunk_iplr_vla`` — ``chunk_iplr_delta_rule``, ``vla``; float32, bfloat16, float16.
+- ``fused_recurrent_dplr_vla`` — ``fused_recurrent_dplr_delta_rule`` (``gk = 0``), ``vla``;
+  float32, bfloat16, float16.
+- ``chunk_dplr_vla`` — ``chunk_dplr_delta_rule`` (``gk = 0``), ``vla``; float32, bfloat16,
+  float16.
 
 float64 is refused by every adapter: fla's kernels accumulate the state in float32 (``b_h`` is
 ``tl.float32``), so a float64 request would be judged against a budget no float32 kernel meets.
