@@ -142,3 +142,15 @@ def test_carry_cut_respects_the_nudge_clock() -> None:
     assert _carry_cut(7, 30, 20) == 20 and _carry_cut(25, 61, 20) == 20
     assert _carry_cut(3, 10, 20) == 3 and _carry_cut(3, 10, None) == 3
     assert _carry_cut(3, 20, 20) is None and _carry_cut(1, 1, None) is None
+
+
+def test_an_unavailable_backend_raises_instead_of_failing() -> None:
+    from vla_verify.backends.numpy_oracle import NumpyOracleBackend
+    from vla_verify.errors import BackendUnavailableError
+
+    class Offline(NumpyOracleBackend):
+        def availability(self):
+            return "no CUDA GPU on this machine"
+
+    with pytest.raises(BackendUnavailableError, match="no CUDA GPU"):
+        validate(Offline(), max_examples=5)

@@ -183,6 +183,7 @@ _RUN_PLAN: dict[str, tuple[tuple[str, ...], ShapeBounds | None, float]] = {
     "torch_chunked": (("float64", "float32", "bfloat16"), None, 1.0),
     "triton_fused": (("float32", "bfloat16"), None, 0.5),
     "triton_chunked": (("float32", "bfloat16"), None, 0.5),
+    "fla": (("float32", "bfloat16"), ShapeBounds(max_T=24), 0.5),
 }
 
 

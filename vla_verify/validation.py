@@ -38,7 +38,13 @@ from .arrays import ARRAY_LIBRARIES, array_dtypes, from_numpy, is_torch, to_nump
 from .backends.numpy_oracle import OracleResult, recurrence
 from .backends.registry import Backend
 from .error_model import DEFAULT_FACTOR, SliceComparison, compare
-from .errors import DeviceError, DTypeError, UnsupportedConfigurationError, VLAInputError
+from .errors import (
+    BackendUnavailableError,
+    DeviceError,
+    DTypeError,
+    UnsupportedConfigurationError,
+    VLAInputError,
+)
 from .properties.strategies import Case, ShapeBounds, cases
 from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
 
@@ -411,6 +417,9 @@ def validate(
         if fn.variant != variant:
             fn = fn.bind(variant=variant)
         backend = fn
+        unavailable = backend.availability()
+        if unavailable is not None:  # a missing device is not a failure of the implementation
+            raise BackendUnavailableError(backend.name, unavailable)
         reason = backend.check_support(config, Shapes(1, 1, 1, 1, 1), dtype, device)
         if reason is not None:  # the request itself is unsupported, whatever the shapes
             raise UnsupportedConfigurationError(backend.name, reason)
