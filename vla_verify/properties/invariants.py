@@ -174,7 +174,9 @@ def backend_history(
     ``z [B,T,H,dk]`` and the outputs ``o [B,T,H,dv]`` (float64).
 
     For the oracle (``"numpy"``) this is its recorded history (spec §2.3, run in ``dtype``); for
-    any other backend, the final state of a run on each prefix ``[:, :t]``.
+    any other backend, the final state of a run on each prefix ``[:, :t]`` — all prefixes in
+    one call along the batch axis, completed by no-op tokens, when no nudge falls within the
+    sequence; one call per prefix otherwise.
     """
     inputs = (case.q, case.k, case.v, case.u)
     state = case.initial_state if use_initial_state else None
@@ -207,6 +209,31 @@ def backend_history(
         "z": np.empty((B, T, H, dk)),
         "o": np.empty((B, T, H, dv)),
     }
+    if config.nudge_period is None or config.nudge_period > T:
+        # All prefixes in one call: prefix t is the sequence with tokens t+1..T replaced by
+        # no-op tokens (k = 0, u = 0, v = 0: k̂ = 0 and α̂ = 0 leave S alone, u = 0 leaves A
+        # alone — spec §2.3 with normalize(0) = 0 — and z += 0), stacked along the batch axis.
+        mask = (np.arange(T)[None, :] < np.arange(1, T + 1)[:, None]).astype(np.float64)
+        m = mask[:, None, :, None, None]  # [T (prefix), 1, T (token), 1, 1]
+        stacked = []
+        for name, x in zip("qkvu", inputs, strict=True):
+            y = np.broadcast_to(x[None], (T, *x.shape))
+            stacked.append((y if name == "q" else y * m).reshape(T * B, *x.shape[1:]))
+        big_state = None
+        if state is not None:
+            big_state = tuple(
+                np.broadcast_to(np.asarray(x)[None], (T, *np.shape(x))).reshape(
+                    T * B, *np.shape(x)[1:]
+                )
+                for x in state
+            )
+        o, (S, A, z) = run_backend(b, tuple(stacked), config, dtype=dtype, initial_state=big_state)
+        out["S"] = np.moveaxis(S.reshape(T, B, H, dv, dk), 0, 1)
+        out["A"] = np.moveaxis(A.reshape(T, B, H, dk, dk), 0, 1)
+        out["z"] = np.moveaxis(z.reshape(T, B, H, dk), 0, 1)
+        o = o.reshape(T, B, T, H, dv)
+        out["o"] = np.stack([o[t, :, t] for t in range(T)], axis=1)
+        return out
     for t in range(1, T + 1):
         o, (S, A, z) = run_backend(
             b, tuple(x[:, :t] for x in inputs), config, dtype=dtype, initial_state=state
@@ -344,11 +371,12 @@ def directional_selectivity(
     (a) ``u_tᵀA_t u_t < u_tᵀA_{t-1}u_t``.  Exactly, the decrease is ``g²/δ`` with
         ``g = u_tᵀA_{t-1}u_t`` and ``δ = max(1 + g, sm_floor)``; measured is the *increase*
         ``u_tᵀA_t u_t − u_tᵀA_{t-1}u_t``, judged against the rounding bound
-        ``(dk + 2)·u·||u_t||²·(||A_{t-1}||₂ + ||A_t||₂)``: a larger increase is a certain
-        violation; a smaller one (possible only when the exact decrease is below rounding) is not.
+        ``τ_t·||u_t||²`` with ``τ_t = (dk + 2)·u·(t·χ_t + 1)·(||A_{t-1}||₂ + ||A_t||₂)`` — the
+        error model of C1 (:func:`sherman_morrison_exactness`, ``χ_t = ||M_t||·||A_0||``) for
+        each computed ``A``: a larger increase is a certain violation; a smaller one (possible
+        only when the exact decrease is below rounding) is not.
     (b) for every ``x`` with ``xᵀA_{t-1}u_t = 0`` (``x ⟂ s_t = A_{t-1}u_t``), ``A_t x = A_{t-1}x``.
-        Measured: ``||(A_t − A_{t-1}) P_t||₂`` with ``P_t = I − ŝŝᵀ``, against the same rounding
-        bound ``(dk + 2)·u·(||A_{t-1}||₂ + ||A_t||₂)``.
+        Measured: ``||(A_t − A_{t-1}) P_t||₂`` with ``P_t = I − ŝŝᵀ``, against ``τ_t``.
 
     A nudge (``A += nudge_eta·I``, spec §2.3) touches every direction; ``skip_nudge_steps=True``
     leaves out the steps where it fires, otherwise they are judged like the others.
@@ -368,7 +396,16 @@ def directional_selectivity(
     g_prev = np.einsum("bthi,bthij,bthj->bth", u, A_prev, u)
     g_now = np.einsum("bthi,bthij,bthj->bth", u, A, u)
     scale = np.linalg.norm(A_prev, ord=2, axis=(-2, -1)) + np.linalg.norm(A, ord=2, axis=(-2, -1))
-    tol = (dk + 2) * _U64 * scale
+    # Each computed A_t is off by at most the C1 error model, (dk+2)·t·u·χ_t relative, whatever
+    # the algorithm (a chunked backend does not compute A_t from A_{t-1}).
+    M0 = np.linalg.inv(np.asarray(A0, dtype=np.float64))
+    M = M0[:, None] + np.cumsum(u[..., :, None] * u[..., None, :], axis=1)
+    chi = (
+        np.linalg.norm(M, ord=2, axis=(-2, -1))
+        * np.linalg.norm(np.asarray(A0, dtype=np.float64), ord=2, axis=(-2, -1))[:, None]
+    )
+    t_idx = np.arange(1, T + 1)[None, :, None]
+    tol = (dk + 2) * _U64 * (t_idx * np.maximum(chi, 1.0) + 1.0) * scale
     increase = g_now - g_prev
     bound_a = tol * uu
     s = np.einsum("bthij,bthj->bthi", A_prev, u)
@@ -525,29 +562,40 @@ def _step_matrices_backend(
     else:
         S0, A0, z0 = case.initial_state
     reps = dk + 1
-    for t in range(T):
-        if t == 0:
-            S, A, z = S0, A0, z0
-        else:
-            S, A, z = hist["S"][:, t - 1], hist["A"][:, t - 1], hist["z"][:, t - 1]
-        eps = max(1.0, float(np.max(np.abs(S)))) if np.size(S) else 1.0
-        Sr = np.repeat(np.asarray(S, np.float64)[None], reps, axis=0)  # [reps, B, H, dv, dk]
-        Sr[1:, :, :, 0, :] += eps * np.eye(dk)[:, None, None, :]
+    S_prev = np.concatenate([np.asarray(S0, np.float64)[:, None], hist["S"][:, :-1]], axis=1)
+    A_prev = np.concatenate(
+        [np.broadcast_to(np.asarray(A0, np.float64), (B, H, dk, dk))[:, None], hist["A"][:, :-1]],
+        axis=1,
+    )
+    z_prev = np.concatenate([np.asarray(z0, np.float64)[:, None], hist["z"][:, :-1]], axis=1)
+    # The nudge clock restarts in a one-token run: run the steps where the global step nudges
+    # with nudge_period=1 and the others without nudges — at most two calls, batched over
+    # (perturbation, step, batch).
+    nudged = np.array([config.nudges_at(t + 1) for t in range(T)])
+    for flag in (False, True):
+        steps = np.flatnonzero(nudged == flag)
+        if steps.size == 0:
+            continue
+        n = steps.size
+        S = S_prev[:, steps]  # [B, n, H, dv, dk]
+        eps = np.maximum(1.0, np.max(np.abs(S), axis=(0, 2, 3, 4)))  # [n]
+        Sr = np.repeat(S[None], reps, axis=0)  # [reps, B, n, H, dv, dk]
+        Sr[1:, :, :, :, 0, :] += eps[None, None, :, None, None] * np.eye(dk)[:, None, None, None, :]
+        flat = reps * B * n
         state = (
-            Sr.reshape(reps * B, H, dv, dk),
-            np.repeat(np.asarray(A, np.float64)[None], reps, 0).reshape(reps * B, H, dk, dk),
-            np.repeat(np.asarray(z, np.float64)[None], reps, 0).reshape(reps * B, H, dk),
+            Sr.reshape(flat, H, dv, dk),
+            np.repeat(A_prev[:, steps][None], reps, 0).reshape(flat, H, dk, dk),
+            np.repeat(z_prev[:, steps][None], reps, 0).reshape(flat, H, dk),
         )
-        # The nudge clock restarts in a one-token run: make it fire iff the global step does.
-        step_config = config.replace(nudge_period=1 if config.nudges_at(t + 1) else None)
         tok = [
-            np.repeat(x[:, t : t + 1][None], reps, 0).reshape(reps * B, 1, H, -1)
+            np.repeat(x[:, steps][None], reps, 0).reshape(flat, 1, H, -1)
             for x in (case.q, case.k, case.v, case.u)
         ]
+        step_config = config.replace(nudge_period=1 if flag else None)
         _, (S1, _, _) = run_backend(b, tuple(tok), step_config, initial_state=state)
-        S1 = S1.reshape(reps, B, H, dv, dk)
-        rows = (S1[1:, :, :, 0, :] - S1[0][None, :, :, 0, :]) / eps  # [dk, B, H, dk]
-        X[:, t] = np.transpose(rows, (1, 2, 0, 3))
+        S1 = S1.reshape(reps, B, n, H, dv, dk)
+        rows = (S1[1:, ..., 0, :] - S1[0][None, ..., 0, :]) / eps[None, None, :, None, None]
+        X[:, steps] = np.transpose(rows, (1, 2, 3, 0, 4))  # [B, n, H, dk(row), dk]
     return X
 
 
@@ -667,9 +715,9 @@ def jacobian_norm_formula(
     ``1 <= ||J_t||₂ < φ = 1.618…`` whenever ``c_t > 0`` (SPD ``A_t``).
 
     ``c_t`` comes from the oracle; ``||J_t||₂`` from ``backend`` (by differences) or the oracle.
-    Measured: ``| ||J_t||₂ − σ₊(c_t) |`` against ``(dk + 2)·u·(κ-free)`` rounding of both,
-    ``(dk + 2)·u·||X_t||_F·(1 + 1/σ₋)`` — the root's sensitivity to ``c`` is bounded by
-    ``1/σ₋`` — capped so an unnormalised-gate config (where the formula does not apply) fails.
+    Measured: ``| ||J_t||₂ − σ₊(c_t) |`` against ``(dk + 2)·u·(sqrt(dk) + 2)·(1 + t·χ_t)``:
+    forming ``X_t`` and its SVD, plus the backend's own error in ``A_t`` (the C1 model,
+    ``χ_t = ||M_t||·||A_0||``); ``σ₊`` is 1-Lipschitz in ``c`` on ``[−1, 1]``.
     """
     if not config.normalize_gate:
         raise UnsupportedConfigurationError(
@@ -682,13 +730,22 @@ def jacobian_norm_formula(
     dk = case.shapes[3]
     if dk == 1:  # d = 1: X = 1 − c, a scalar
         expected = np.abs(1.0 - c)
-    sigma_minus = np.abs(1.0 - c) / np.maximum(expected, 1e-300)
-    bound = (
-        (dk + 2)
-        * _U64
-        * np.linalg.norm(X, axis=(-2, -1))
-        * (1.0 + 1.0 / np.maximum(sigma_minus, np.sqrt(_U64)))
-    )
+    # The backend's A_t (hence α̂_t and X_t) is off by the C1 error model, (dk+2)·t·u·χ_t;
+    # forming X_t = I − k̂α̂ᵀ and its SVD adds (dk+2)·u·(sqrt(dk) + 2); σ₊ is 1-Lipschitz in c.
+    B, T, H = c.shape
+    u_ = case.u
+    if case.initial_state is None:
+        A0 = np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk))
+    else:
+        A0 = np.asarray(case.initial_state[1], dtype=np.float64)
+    with np.errstate(all="ignore"):
+        M = np.linalg.pinv(A0)[:, None] + np.cumsum(u_[..., :, None] * u_[..., None, :], axis=1)
+        chi = (
+            np.linalg.norm(M, ord=2, axis=(-2, -1))
+            * np.linalg.norm(A0, ord=2, axis=(-2, -1))[:, None]
+        )
+    t_idx = np.arange(1, T + 1)[None, :, None]
+    bound = (dk + 2) * _U64 * (np.sqrt(dk) + 2.0) * (1.0 + t_idx * np.nan_to_num(chi, nan=1.0))
     bound = np.where(judged, bound, np.inf)
     r = _result("jacobian_norm_formula", np.where(judged, np.abs(norms - expected), 0.0), bound, "")
     b, t, hh = r.where

@@ -71,7 +71,8 @@ QUERY_REGIMES = ("positive", "signed", "tiny")
 VALUE_REGIMES = ("gaussian", "large")
 STATE_REGIMES = ("none", "spd", "indefinite")
 
-#: ``unit``: unit keys (the hypothesis of claim C5); ``near_parallel_tight``: angles 1e-3…1e-2.
+#: ``unit``: unit keys (the hypothesis of claim C5); ``near_parallel_tight``: unit keys at angles
+#: 1e-3…1e-2 from one direction.
 ALL_KEY_REGIMES = (*KEY_REGIMES, "unit", "near_parallel_tight")
 #: ``ill_conditioned``: ``κ(M_T)`` log-uniform up to 1e8 (:func:`ill_conditioned_penalties`).
 ALL_PENALTY_REGIMES = (*PENALTY_REGIMES, "ill_conditioned")
@@ -159,7 +160,7 @@ def make_keys(rng: np.random.Generator, regime: str, shape: tuple[int, ...]) -> 
     if regime == "unit":
         return _unit(rng.standard_normal(shape))
     if regime == "near_parallel_tight":
-        return near_parallel_keys(rng, shape, log10_angle=rng.uniform(-3, -2))
+        return near_parallel_keys(rng, shape, log10_angle=rng.uniform(-3, -2), unit=True)
     raise ValueError(f"unknown key regime {regime!r}")
 
 
@@ -212,7 +213,8 @@ def ill_conditioned_penalties(
 
     The total weight ``(cond − 1)·lambda0`` is split evenly over the ``T`` tokens, each token
     penalising one of the directions (drawn at random), so ``κ(M_t)`` grows with ``t`` and reaches
-    about ``cond`` when the whole sequence is in.  With ``dk <= directions`` every direction is
+    ``cond/2 … cond`` when the whole sequence is in (the most-drawn direction carries half of the
+    weight or more).  With ``dk <= directions`` every direction is
     penalised and the condition number is set by how unevenly they were drawn, so smaller.
     """
     B, T, H, dk = shape
@@ -220,7 +222,7 @@ def ill_conditioned_penalties(
     basis = np.linalg.qr(rng.standard_normal((B, H, dk, dk)))[0][..., :n]  # [B, H, dk, n]
     which = rng.integers(0, n, size=(B, T, H))
     total = (10.0**log10_cond - 1.0) * lambda0
-    per_token = np.sqrt(total * n / T)
+    per_token = np.sqrt(total / T)
     b_idx, h_idx = np.meshgrid(np.arange(B), np.arange(H), indexing="ij")
     out = np.empty(shape)
     for t in range(T):
@@ -229,10 +231,15 @@ def ill_conditioned_penalties(
 
 
 def near_parallel_keys(
-    rng: np.random.Generator, shape: tuple[int, ...], *, log10_angle: float
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    *,
+    log10_angle: float,
+    unit: bool = False,
 ) -> np.ndarray:
     """Keys within an angle ``10**log10_angle`` radians of one direction per (batch, head), with
-    norms spread over 1e-1…1e1 (so normalisation matters): ``[B, T, H, dk]`` float64.
+    norms spread over 1e-1…1e1 (so normalisation matters) or unit (``unit=True``):
+    ``[B, T, H, dk]`` float64.
 
     With ``dk = 1`` every key is parallel (angle 0) whatever is asked.
     """
@@ -244,6 +251,8 @@ def near_parallel_keys(
     wiggle = np.where(norm > 0, wiggle / np.where(norm > 0, norm, 1.0), 0.0)
     angle = 10.0**log10_angle * rng.uniform(0.5, 1.0, size=(B, T, H, 1))
     keys = np.cos(angle) * base + np.sin(angle) * wiggle
+    if unit:
+        return _unit(keys)
     return keys * 10.0 ** rng.uniform(-1, 1, size=(B, T, H, 1))
 
 
@@ -371,7 +380,7 @@ def bounded_cases(config: VLAConfig | None = None, bounds: ShapeBounds | None = 
     return cases(
         config,
         bounds,
-        key_regimes=("unit", "near_parallel_tight", "repeated"),
+        key_regimes=("unit", "near_parallel_tight"),
         penalty_regimes=ALL_PENALTY_REGIMES,
         query_regimes=("positive",),
         value_regimes=("bounded", "unit"),
@@ -413,7 +422,7 @@ CLAIM_REGIMES: dict[str, dict[str, tuple[str, ...]]] = {
         "state_regimes": ("none", "spd"),
     },
     "C5": {
-        "key_regimes": ("unit", "near_parallel_tight", "repeated"),
+        "key_regimes": ("unit", "near_parallel_tight"),
         "penalty_regimes": ALL_PENALTY_REGIMES,
         "query_regimes": ("positive",),
         "value_regimes": ("bounded", "unit"),
