@@ -1,0 +1,443 @@
+"""Registry backend ``triton_fused``: the fused recurrent Triton kernel of spec §2.3, trainable.
+
+- :func:`fused_recurrent_vla` — the functional API: ``(o, (S, A, z))`` from ``q, k, u``
+  ``[B, T, H, dk]`` and ``v`` ``[B, T, H, dv]`` (spec §1 layouts), differentiable in
+  ``q, k, v, u`` and the initial state through :class:`FusedRecurrentVLAFunction`.
+- :class:`TritonFusedBackend` — the same as a spec §4 callable in the registry.
+
+One kernel launch runs all T steps of every (batch, head) (kernels and their organisation:
+:mod:`vla_verify.backends.triton_fused_kernels`).  Inputs may be float32, bfloat16 or float16
+(accumulated in float32) or float64 (accumulated in float64, useful to separate algorithm from
+rounding); the output ``o`` has the inputs' dtype, the returned state the accumulation dtype
+(the registry backend casts it back to the inputs' dtype, as spec §4 expects).
+
+The backward stores a checkpoint of ``(S, A, z)`` every ``checkpoint_every`` tokens in the
+forward (memory ``B·H·⌈T/C⌉·(dk² + dv·dk + dk)`` floats, not a T-long history) and recomputes
+each chunk from its checkpoint.
+
+Without a CUDA GPU the same kernels run on CPU tensors through Triton's interpreter, which must
+be switched on (``TRITON_INTERPRET=1``) before Triton is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import DeviceError, DTypeError, UnsupportedConfigurationError
+from ..spec import VLAConfig, check_inputs
+from . import triton_fused_kernels as kernels
+from .registry import Backend, Capabilities
+
+__all__ = [
+    "MAX_HEAD_DIM",
+    "PLANTED_BUGS",
+    "FusedRecurrentVLAFunction",
+    "TritonFusedBackend",
+    "availability_reason",
+    "fused_recurrent_vla",
+    "interpreted",
+]
+
+#: Largest dk and dv: A [dk, dk] and a block of S live in registers for the whole sequence.
+MAX_HEAD_DIM = 128
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+_NEVER = 2**31 - 1  # nudge period meaning "never" (t + 1 < 2**31 for any T we can hold)
+_NAME = "triton_fused"
+
+#: Planted bugs for the meta-tests (``planted_bug=`` of :func:`fused_recurrent_vla`).
+PLANTED_BUGS: dict[str, int] = {
+    "gate_from_previous_A": kernels.BUG_GATE_FROM_OLD_A,
+    "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
+    "backward_drops_dk_term": kernels.BUG_DK_SIGN,
+}
+
+
+def interpreted() -> bool:
+    """Whether the kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` was
+    set when Triton decorated them)."""
+    return type(kernels.vla_fwd_kernel).__name__ == "InterpretedFunction"
+
+
+def availability_reason() -> str | None:
+    """``None`` if the kernels can run here, else why not."""
+    if torch.cuda.is_available() or interpreted():
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return (
+            "no CUDA GPU, and TRITON_INTERPRET=1 was set only after Triton had built the "
+            "kernels; set it before the first import of triton"
+        )
+    return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _acc(dtype: torch.dtype) -> tuple[torch.dtype, Any]:
+    if dtype == torch.float64:
+        return torch.float64, tl.float64
+    return torch.float32, tl.float32
+
+
+def _params(config: VLAConfig, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(
+        [config.lambda0, config.sm_floor, config.nudge_eta, config.out_eps, config.norm_eps],
+        dtype=dtype,
+        device=device,
+    )
+
+
+def _default_block_v(B: int, H: int, dv: int, device: torch.device) -> int:
+    """Value rows per program: split dv until B·H·NV programs fill the SMs (each program redoes
+    the dk×dk penalty chain, which costs no wall time while SMs would otherwise idle)."""
+    bv = _pow2(dv)
+    if device.type != "cuda" or interpreted():
+        return bv
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    while bv > 16 and B * H * triton.cdiv(dv, bv // 2) <= sms:
+        bv //= 2
+    return bv
+
+
+def _default_warps(bk: int, bv: int) -> int:
+    return 8 if bk * (bk + bv) >= 128 * 128 else 4
+
+
+def _check_run(q: torch.Tensor, v: torch.Tensor) -> None:
+    name = str(q.dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise DTypeError("q", f"triton_fused takes {_DTYPES}, got {name}")
+    if q.device.type == "cpu" and not interpreted():
+        raise DeviceError(
+            "q",
+            "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing "
+            "triton, or move the inputs to a CUDA device",
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise DeviceError("q", f"expected a CUDA (or, interpreted, CPU) tensor, got {q.device}")
+    for arg, d in (("q", q.shape[-1]), ("v", v.shape[-1])):
+        if d > MAX_HEAD_DIM:
+            raise UnsupportedConfigurationError(
+                _NAME,
+                f"head dim {d} > {MAX_HEAD_DIM}: A [dk, dk] and S must fit in one program's "
+                "registers for the whole sequence",
+                argument=arg,
+            )
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    state0: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    config: VLAConfig,
+    *,
+    save_checkpoints: bool,
+    checkpoint_every: int,
+    block_v: int | None,
+    num_warps: int | None,
+    bug: int,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    acc, acc_tl = _acc(q.dtype)
+    dev = q.device
+    bk = _pow2(dk)
+    bv = block_v if block_v is not None else _default_block_v(B, H, dv, dev)
+    nv = triton.cdiv(dv, bv)
+    o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
+    sT = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
+    aT = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+    zT = torch.empty(B, H, dk, dtype=acc, device=dev)
+    nc = triton.cdiv(T, checkpoint_every)
+    if save_checkpoints:
+        ck = (
+            torch.empty(B, H, nc, dv, dk, dtype=acc, device=dev),
+            torch.empty(B, H, nc, dk, dk, dtype=acc, device=dev),
+            torch.empty(B, H, nc, dk, dtype=acc, device=dev),
+        )
+    else:
+        ck = None
+    s0, a0, z0 = state0 if state0 is not None else (sT, aT, zT)  # unused pointers when absent
+    cks, cka, ckz = ck if ck is not None else (sT, aT, zT)
+    kernels.vla_fwd_kernel[(nv, B * H)](
+        q,
+        k,
+        v,
+        u,
+        o,
+        s0,
+        a0,
+        z0,
+        sT,
+        aT,
+        zT,
+        cks,
+        cka,
+        ckz,
+        _params(config, acc, dev),
+        T,
+        H,
+        dk,
+        dv,
+        config.nudge_period or _NEVER,
+        checkpoint_every,
+        nc,
+        BK=bk,
+        BV=bv,
+        HAS_INIT=state0 is not None,
+        SAVE_CKPT=save_checkpoints,
+        NORM_GATE=config.normalize_gate,
+        NORM_OUT=config.normalize_output,
+        ACC=acc_tl,
+        BUG=bug,
+        num_warps=num_warps or _default_warps(bk, bv),
+    )
+    return o, (sT, aT, zT), ck
+
+
+class FusedRecurrentVLAFunction(torch.autograd.Function):
+    """Autograd for the fused kernel: forward saves checkpoints, backward recomputes chunks.
+
+    ``forward(q, k, v, u, S0, A0, z0, config, options)`` returns ``(o, S_T, A_T, z_T)``; the
+    initial-state arguments may be ``None`` (spec §2.3 defaults).  Gradients flow to ``q, k, v,
+    u`` and, when given, the initial state.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        u: torch.Tensor,
+        S0: torch.Tensor | None,
+        A0: torch.Tensor | None,
+        z0: torch.Tensor | None,
+        config: VLAConfig,
+        options: dict[str, Any],
+    ) -> tuple[torch.Tensor, ...]:
+        state0 = None if S0 is None else (S0, A0, z0)
+        save = any(ctx.needs_input_grad[:7])
+        o, (sT, aT, zT), ck = _forward(
+            q,
+            k,
+            v,
+            u,
+            state0,
+            config,
+            save_checkpoints=save,
+            checkpoint_every=options["checkpoint_every"],
+            block_v=options["block_v"],
+            num_warps=options["num_warps"],
+            bug=options["bug"],
+        )
+        if save:
+            assert ck is not None
+            ctx.save_for_backward(q, k, v, u, *ck)
+            ctx.config = config
+            ctx.options = options
+            ctx.state_dtypes = None if S0 is None else (S0.dtype, A0.dtype, z0.dtype)  # type: ignore[union-attr]
+        return o, sT, aT, zT
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any,
+        do: torch.Tensor,
+        dsT: torch.Tensor,
+        daT: torch.Tensor,
+        dzT: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, u, cks, cka, ckz = ctx.saved_tensors
+        config: VLAConfig = ctx.config
+        options = ctx.options
+        B, T, H, dk = q.shape
+        dv = v.shape[-1]
+        acc, acc_tl = _acc(q.dtype)
+        dev = q.device
+        bk, bv = _pow2(dk), _pow2(dv)
+        ck = options["checkpoint_every"]
+        nc = triton.cdiv(T, ck)
+        dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
+        dv_ = torch.empty_like(v)
+        ds0 = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
+        da0 = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+        dz0 = torch.empty(B, H, dk, dtype=acc, device=dev)
+        # Per-program scratch of one chunk's per-token vectors (k̂, s, α̂ | e) and scalars.
+        vec = torch.empty(B * H, ck, 3 * bk + bv, dtype=acc, device=dev)
+        sc = torch.empty(B * H, ck, 8, dtype=acc, device=dev)
+        kernels.vla_bwd_kernel[(B * H,)](
+            q,
+            k,
+            v,
+            u,
+            do.contiguous(),
+            dsT.to(acc).contiguous(),
+            daT.to(acc).contiguous(),
+            dzT.to(acc).contiguous(),
+            cks,
+            cka,
+            ckz,
+            vec,
+            sc,
+            dq,
+            dk_,
+            dv_,
+            du,
+            ds0,
+            da0,
+            dz0,
+            _params(config, acc, dev),
+            T,
+            H,
+            dk,
+            dv,
+            config.nudge_period or _NEVER,
+            ck,
+            nc,
+            BK=bk,
+            BV=bv,
+            HAS_DFINAL=True,
+            NORM_GATE=config.normalize_gate,
+            NORM_OUT=config.normalize_output,
+            ACC=acc_tl,
+            BUG=options["bug"],
+            num_warps=options.get("bwd_num_warps") or (16 if bk >= 128 else 8 if bk >= 64 else 4),
+        )
+        grads_state: tuple[torch.Tensor | None, ...] = (None, None, None)
+        if ctx.state_dtypes is not None:
+            grads_state = tuple(
+                g.to(dt) for g, dt in zip((ds0, da0, dz0), ctx.state_dtypes, strict=True)
+            )
+        return (dq, dk_, dv_, du, *grads_state, None, None)
+
+
+def fused_recurrent_vla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    config: VLAConfig | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    checkpoint_every: int = 64,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    check_finite: bool = False,
+    planted_bug: str | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The recurrence of spec §2.3 in one fused Triton launch; differentiable.
+
+    Parameters
+    ----------
+    q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` (spec §1), one float dtype (float32,
+        bfloat16, float16 accumulate in float32; float64 in float64), on a CUDA device — or on
+        the CPU when Triton's interpreter is on.  ``dk, dv <= 128``.
+    config : :class:`VLAConfig` (every field honoured; default the paper preset).
+    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
+    checkpoint_every : C, tokens between the state checkpoints that the backward recomputes
+        from (memory ``⌈T/C⌉`` states per (b, h); rounding of the in-chunk reversal grows with C).
+    block_v : value rows per program (power of two ≥ 16; default: fill the SMs).
+    num_warps : warps per forward program (default 4, or 8 for large heads).
+    check_finite : also refuse NaN/Inf inputs (one device sync).
+    planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
+
+    Returns
+    -------
+    ``o`` ``[B, T, H, dv]`` in the inputs' dtype and the final ``(S, A, z)`` in float32
+    (float64 for float64 inputs).
+
+    Raises
+    ------
+    ShapeError, DTypeError, NonFiniteError, DeviceError, UnsupportedConfigurationError
+        naming the argument (e.g. ``q`` for dk > 128, ``q`` for CPU tensors without the
+        interpreter).
+    """
+    config = VLAConfig() if config is None else config
+    check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=check_finite)
+    _check_run(q, v)
+    if checkpoint_every < 1:
+        raise UnsupportedConfigurationError(
+            _NAME, f"checkpoint_every must be >= 1, got {checkpoint_every}", "checkpoint_every"
+        )
+    if block_v is not None and (block_v < 16 or block_v & (block_v - 1)):
+        raise UnsupportedConfigurationError(
+            _NAME, f"block_v must be a power of two >= 16, got {block_v}", "block_v"
+        )
+    bug = 0 if planted_bug is None else PLANTED_BUGS[planted_bug]
+    options = {
+        "checkpoint_every": int(checkpoint_every),
+        "block_v": block_v,
+        "num_warps": num_warps,
+        "bug": bug,
+    }
+    q, k, v, u = (x.contiguous() for x in (q, k, v, u))
+    S0 = A0 = z0 = None
+    if initial_state is not None:
+        S0, A0, z0 = (x.contiguous() for x in initial_state)
+    o, sT, aT, zT = FusedRecurrentVLAFunction.apply(q, k, v, u, S0, A0, z0, config, options)
+    return o, (sT, aT, zT)
+
+
+class TritonFusedBackend(Backend):
+    """Registry name ``triton_fused``: :func:`fused_recurrent_vla` as a spec §4 callable.
+
+    Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
+    ``num_warps``, ``checkpoint_every`` (see :func:`fused_recurrent_vla`).
+    """
+
+    name = _NAME
+    description = "Triton fused recurrent kernel (spec §2.3), one launch, forward and backward"
+    capabilities = Capabilities(
+        array="torch",
+        devices=("cuda", "cpu"),
+        dtypes=_DTYPES,
+        variants=("vla",),
+        differentiable=True,
+        max_head_dim=MAX_HEAD_DIM,
+        requires=("torch", "triton"),
+        options={"block_v": None, "num_warps": None, "checkpoint_every": 64},
+    )
+
+    def availability(self) -> str | None:
+        return availability_reason()
+
+    def check_support(
+        self,
+        config: VLAConfig,
+        shapes: Any,
+        dtype: str,
+        device: str = "cpu",
+        *,
+        variant: str | None = None,
+    ) -> str | None:
+        reason = super().check_support(config, shapes, dtype, device, variant=variant)
+        if reason is not None:
+            return reason
+        if device == "cpu" and not interpreted():
+            return (
+                "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
+                "triton); use CUDA tensors"
+            )
+        return None
+
+    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+        o, state = fused_recurrent_vla(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            initial_state=initial_state,
+            checkpoint_every=int(self.options["checkpoint_every"]),
+            block_v=self.options["block_v"],
+            num_warps=self.options["num_warps"],
+        )
+        return o, tuple(x.to(q.dtype) for x in state)

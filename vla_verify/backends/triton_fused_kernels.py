@@ -1,0 +1,508 @@
+"""Triton kernels of the fused recurrent VLA backend: spec §2.3, forward and backward.
+
+Only kernels live here (``@triton.jit`` functions); the launch wrappers, the autograd Function and
+the registry backend are in :mod:`vla_verify.backends.triton_fused`.  Nothing is imported from the
+oracle or from the other backends (spec §4 independence): every line of the recurrence is written
+out below.
+
+Organisation (see ``benchmarks/NOTES_triton.md`` for the cost model behind it)
+------------------------------------------------------------------------------
+Forward, :func:`vla_fwd_kernel`: grid ``(NV, B·H)``.  One program runs *all* T steps of one
+(batch, head) for one block of ``BV`` value rows: ``A`` ``[BK, BK]``, the ``S`` rows
+``[BV, BK]`` and ``z`` ``[BK]`` stay in registers for the whole sequence, in float32 (float64 for
+float64 inputs).  The penalty chain ``A`` is shared by all value blocks and is recomputed by each
+of them: at B·H = 16 the chip has 132 SMs, so splitting the value rows over NV programs costs no
+wall time for the redundant chain and divides the ``S`` work by NV.
+
+Per token the step is reorganised (same mathematics as spec §2.3) to shorten the chain of
+dependent reductions:
+
+- one pass over ``A_{t-1}`` gives both ``s = A_{t-1} u`` and ``A_{t-1} k̂``; the gate from the
+  UPDATED ``A_t`` is then ``α = A_{t-1} k̂ − s (sᵀk̂)/δ + η_t k̂``, identical in exact arithmetic
+  to ``A_t k̂`` because ``A_t = A_{t-1} − s sᵀ/δ + η_t I``;
+- one pass over ``S_{t-1}`` gives ``S_{t-1} k̂`` and ``S_{t-1} q`` before the gate is known, and
+  the read-out is ``S_t q = S_{t-1} q + e (α̂ᵀq)``;
+- the next token's ``q, k, v, u`` are loaded one iteration ahead (software prefetch), so the
+  global-memory latency overlaps the current step instead of stalling every step.
+
+Backward, :func:`vla_bwd_kernel`: grid ``(B·H,)``, chunks of ``C`` tokens in reverse.  For each
+chunk it reloads the checkpoint of ``(S, A, z)`` that the forward stored at the chunk start,
+recomputes the C steps (storing per-token *vectors* — k̂, s, α̂, e and a few scalars — in a
+per-program scratch of C rows), then walks the chunk backwards, reconstructing
+``S_{t-1} = S_t − e α̂ᵀ``, ``A_{t-1} = A_t + s sᵀ/δ − η_t I`` and ``z_{t-1} = z_t − k_t`` from
+the stored vectors (rounding errors add up over at most C steps, never over T) while
+accumulating the adjoints ``dS, dA, dz``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Planted bugs, for the meta-tests that prove the checks can fail (never used otherwise).
+BUG_NONE = 0
+BUG_GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
+BUG_NUDGE_ONE_STEP_LATE = 2  # nudge after step t with (t − 1) % period == 0
+BUG_DK_SIGN = 3  # backward: drop the -S_{t-1}ᵀ de term of dk̂
+
+
+@triton.jit
+def _div(x, y, ACC: tl.constexpr):
+    """Division rounded to nearest (IEEE); plain ``/`` of float32 compiles to an approximate
+    ``div.full.f32`` on NVIDIA GPUs, which would not match the float32 oracle's rounding."""
+    if ACC == tl.float64:
+        return x / y
+    else:
+        return tl.math.div_rn(x, y)
+
+
+@triton.jit
+def _sqrt(x, ACC: tl.constexpr):
+    """Square root rounded to nearest (``tl.sqrt`` of float32 is an approximation on GPUs)."""
+    if ACC == tl.float64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _vla_step(
+    A,
+    S,
+    z,
+    q,
+    k,
+    v,
+    u,
+    t,
+    eye,
+    nudge_period,
+    nudge_eta,
+    sm_floor,
+    out_eps,
+    norm_eps,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """One step of spec §2.3 at 0-based token ``t`` (global step ``t + 1``).
+
+    ``A`` ``[BK, BK]``, ``S`` ``[BV, BK]``, ``z`` ``[BK]``; ``q, k, u`` ``[BK]``, ``v`` ``[BV]``;
+    all in the accumulation dtype, zero in the padding.  Returns the new state, the read-out
+    ``o_t`` ``[BV]`` and the per-token quantities the backward needs.
+    """
+    # k̂_t = k_t / max(||k_t||, norm_eps)
+    knorm = _sqrt(tl.sum(k * k, axis=0), ACC)
+    kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
+    # One pass over A_{t-1}: s = A_{t-1} u and A_{t-1} k̂ (rows i, reduce over j).
+    s = tl.sum(A * u[None, :], axis=1)
+    Ak = tl.sum(A * kh[None, :], axis=1)
+    delta_raw = 1.0 + tl.sum(u * s, axis=0)
+    delta = tl.maximum(delta_raw, sm_floor)
+    # Sherman–Morrison: A_t = A_{t-1} − (s_i s_j)·(1/δ).  The product s_i s_j is symmetric, so A
+    # stays exactly symmetric in floating point: the asymmetric s (s/δ)ᵀ loses symmetry and was
+    # measured 3-6x less accurate than the float32 oracle (benchmarks/NOTES_triton.md).
+    rd = _div(1.0, delta, ACC)
+    if BUG == 2:
+        step = t
+    else:
+        step = t + 1
+    # nudge_period >= 1 always (the wrapper passes 2**31 - 1 for 'never').
+    nudge = (step % nudge_period == 0) & (step > 0)
+    eta = tl.where(nudge, nudge_eta, 0.0)
+    A = A - (s[:, None] * s[None, :]) * rd
+    if nudge:
+        A = tl.where(eye, A + eta, A)
+    # Gate from the UPDATED A_t = A_{t-1} − s sᵀ/δ + η_t I (spec §2.3), without a second pass.
+    if BUG == 1:
+        alpha = Ak
+    else:
+        alpha = Ak - s * (tl.sum(s * kh, axis=0) * rd) + eta * kh
+    anorm = _sqrt(tl.sum(alpha * alpha, axis=0), ACC)
+    if NORM_GATE:
+        ah = _div(alpha, tl.maximum(anorm, norm_eps), ACC)
+    else:
+        ah = alpha
+    # One pass over S_{t-1}: S_{t-1} k̂ and S_{t-1} q.
+    Sk = tl.sum(S * kh[None, :], axis=1)
+    Sq = tl.sum(S * q[None, :], axis=1)
+    e = v - Sk
+    S = S + e[:, None] * ah[None, :]
+    z = z + k
+    # Read-out from S_t: S_t q = S_{t-1} q + e (α̂ᵀ q).
+    o = Sq + e * tl.sum(ah * q, axis=0)
+    zq = tl.sum(z * q, axis=0)
+    if NORM_OUT:
+        o = _div(o, tl.maximum(zq, out_eps), ACC)
+    return A, S, z, o, kh, s, ah, e, delta_raw, delta, rd, anorm, knorm, zq
+
+
+@triton.jit
+def _load_params(p_ptr):
+    """The configuration scalars of spec §2.2, in the accumulation dtype (so float64 runs keep
+    lambda0 = 0.1 exact to float64, not rounded through a float32 kernel argument)."""
+    lam = tl.load(p_ptr + 0)
+    sm_floor = tl.load(p_ptr + 1)
+    nudge_eta = tl.load(p_ptr + 2)
+    out_eps = tl.load(p_ptr + 3)
+    norm_eps = tl.load(p_ptr + 4)
+    return lam, sm_floor, nudge_eta, out_eps, norm_eps
+
+
+@triton.jit
+def vla_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    u_ptr,
+    o_ptr,
+    s0_ptr,
+    a0_ptr,
+    z0_ptr,
+    sT_ptr,
+    aT_ptr,
+    zT_ptr,
+    cks_ptr,
+    cka_ptr,
+    ckz_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    nudge_period,
+    CK,
+    NC,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """Forward of spec §2.3 over all T tokens for one (b, h) and value block.
+
+    Inputs ``q, k, u`` ``[B, T, H, DK]``, ``v`` ``[B, T, H, DV]`` (contiguous, any float dtype);
+    ``o`` ``[B, T, H, DV]`` (input dtype).  States are contiguous ``S [B, H, DV, DK]``,
+    ``A [B, H, DK, DK]``, ``z [B, H, DK]``; the final state is written in ``ACC``.  With
+    ``SAVE_CKPT`` the state at the start of every chunk of ``CK`` tokens is written to
+    ``[B, H, NC, ...]`` for the backward.
+    """
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < DK
+    mv = ov < DV
+    m_kk = mk[:, None] & mk[None, :]
+    m_vk = mv[:, None] & mk[None, :]
+    eye = (ok[:, None] == ok[None, :]) & m_kk
+    lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
+
+    off_kk = ok[:, None] * DK + ok[None, :]
+    off_vk = ov[:, None] * DK + ok[None, :]
+    if HAS_INIT:
+        S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+        A = tl.load(a0_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        z = tl.load(z0_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BV, BK], dtype=ACC)
+        A = tl.where(eye, _div(1.0, lam, ACC), 0.0).to(ACC)
+        z = tl.zeros([BK], dtype=ACC)
+
+    # Token t of (b, h) starts at ((b·T + t)·H + h)·D.
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    stride_k = H * DK
+    stride_v = H * DV
+    # Prefetch token 0; inside the loop token t+1 is loaded before token t is computed.
+    q_n = tl.load(q_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    k_n = tl.load(k_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    u_n = tl.load(u_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    v_n = tl.load(v_ptr + base_v + ov, mask=mv, other=0.0).to(ACC)
+    for t in range(T):
+        q_t = q_n
+        k_t = k_n
+        u_t = u_n
+        v_t = v_n
+        # The last iteration reloads token T-1 (harmless) rather than masking the load.
+        t_next = tl.minimum(t + 1, T - 1)
+        nk = base_k + t_next * stride_k
+        nv = base_v + t_next * stride_v
+        q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        v_n = tl.load(v_ptr + nv + ov, mask=mv, other=0.0).to(ACC)
+        if SAVE_CKPT:
+            if t % CK == 0:
+                c = (i_bh * NC + t // CK).to(tl.int64)
+                tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
+                if i_v == 0:
+                    tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
+                    tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+        A, S, z, o, _kh, _s, _ah, _e, _dr, _d, _rd, _an, _kn, _zq = _vla_step(
+            A,
+            S,
+            z,
+            q_t,
+            k_t,
+            v_t,
+            u_t,
+            t,
+            eye,
+            nudge_period,
+            nudge_eta,
+            sm_floor,
+            out_eps,
+            norm_eps,
+            NORM_GATE,
+            NORM_OUT,
+            ACC,
+            BUG,
+        )
+        tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
+    tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
+    if i_v == 0:
+        tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
+        tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
+
+
+@triton.jit
+def vla_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    u_ptr,
+    do_ptr,
+    dsT_ptr,
+    daT_ptr,
+    dzT_ptr,
+    cks_ptr,
+    cka_ptr,
+    ckz_ptr,
+    vec_ptr,
+    sc_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    du_ptr,
+    ds0_ptr,
+    da0_ptr,
+    dz0_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    nudge_period,
+    CK,
+    NC,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """Backward of spec §2.3 for one (b, h): gradients of q, k, v, u ``[B, T, H, D]`` (input
+    dtype) and of the initial state ``(S_0, A_0, z_0)`` (``ACC``), given ``do`` and the gradients
+    of the final state ``dS_T, dA_T, dz_T`` (``ACC``; absent when ``HAS_DFINAL`` is False).
+
+    ``vec_ptr`` is a per-program scratch ``[B·H, CK, 3·BK + BV]`` and ``sc_ptr`` ``[B·H, CK, 8]``
+    (float32/64): the per-token vectors of the chunk being differentiated, recomputed from the
+    checkpoint ``(cks, cka, ckz)`` ``[B, H, NC, ...]`` that the forward stored.
+
+    Adjoint equations per token (reverse order; ``dS, dA, dz`` hold the gradient w.r.t. the state
+    after step t):  read-out ``r = S_t q``, ``n = max(z_tᵀq, out_eps)``: ``dS += (do/n) qᵀ``,
+    ``dq = S_tᵀ do/n − (doᵀr/n²) z_t``, ``dz −= (doᵀr/n²) q``;  ``dk += dz``;
+    ``de = dS α̂``, ``dα̂ = dSᵀ e``, ``dv = de``, ``dk̂ = −S_{t-1}ᵀ de``, ``dS −= de k̂ᵀ``;
+    ``dα`` from ``dα̂`` through the normalisation; ``dk̂ += A_tᵀ dα``, ``dA += dα k̂ᵀ``;
+    ``ds = −(dA + dAᵀ) s/δ``, ``dδ = sᵀ dA s/δ²`` (through the floor only when ``1 + uᵀs >
+    sm_floor``: ``ds += dδ u``, ``du = dδ s``); ``du += A_{t-1}ᵀ ds``, ``dA += ds uᵀ``;
+    ``dk += ∂k̂/∂k · dk̂``.
+    """
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    mk = ok < DK
+    mv = ov < DV
+    m_kk = mk[:, None] & mk[None, :]
+    m_vk = mv[:, None] & mk[None, :]
+    eye = (ok[:, None] == ok[None, :]) & m_kk
+    _lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
+    off_kk = ok[:, None] * DK + ok[None, :]
+    off_vk = ov[:, None] * DK + ok[None, :]
+
+    if HAS_DFINAL:
+        dS = tl.load(dsT_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+        dA = tl.load(daT_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    else:
+        dS = tl.zeros([BV, BK], dtype=ACC)
+        dA = tl.zeros([BK, BK], dtype=ACC)
+        dz = tl.zeros([BK], dtype=ACC)
+
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    stride_k = H * DK
+    stride_v = H * DV
+    W = 3 * BK + BV
+    vec = vec_ptr + i_bh * CK * W
+    sc = sc_ptr + i_bh * CK * 8
+
+    for jc in range(NC):
+        ic = NC - 1 - jc
+        t0 = ic * CK
+        nt = tl.minimum(CK, T - t0)
+        c = i_bh * NC + ic
+        S = tl.load(cks_ptr + c * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+        A = tl.load(cka_ptr + c * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        z = tl.load(ckz_ptr + c * DK + ok, mask=mk, other=0.0).to(ACC)
+        # 1. Recompute the chunk forward from its checkpoint, keeping the per-token vectors.
+        for j in range(nt):
+            t = t0 + j
+            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            v_t = tl.load(v_ptr + base_v + t * stride_v + ov, mask=mv, other=0.0).to(ACC)
+            A, S, z, _o, kh, s, ah, e, delta_raw, delta, rd, anorm, knorm, zq = _vla_step(
+                A,
+                S,
+                z,
+                q_t,
+                k_t,
+                v_t,
+                u_t,
+                t,
+                eye,
+                nudge_period,
+                nudge_eta,
+                sm_floor,
+                out_eps,
+                norm_eps,
+                NORM_GATE,
+                NORM_OUT,
+                ACC,
+                0,
+            )
+            row = vec + j * W
+            tl.store(row + ok, kh)
+            tl.store(row + BK + ok, s)
+            tl.store(row + 2 * BK + ok, ah)
+            tl.store(row + 3 * BK + ov, e)
+            srow = sc + j * 8
+            tl.store(srow + 0, delta_raw)
+            tl.store(srow + 1, delta)
+            tl.store(srow + 5, rd)
+            tl.store(srow + 2, anorm)
+            tl.store(srow + 3, knorm)
+            tl.store(srow + 4, zq)
+        # The scratch was written by other threads than those that read it below.
+        tl.debug_barrier()
+        # 2. Walk the chunk backwards: S = S_t, A = A_t, z = z_t on entry to each step.
+        for jj in range(nt):
+            j = nt - 1 - jj
+            t = t0 + j
+            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            do_t = tl.load(do_ptr + base_v + t * stride_v + ov, mask=mv, other=0.0).to(ACC)
+            row = vec + j * W
+            kh = tl.load(row + ok)
+            s = tl.load(row + BK + ok)
+            ah = tl.load(row + 2 * BK + ok)
+            e = tl.load(row + 3 * BK + ov)
+            srow = sc + j * 8
+            delta_raw = tl.load(srow + 0)
+            delta = tl.load(srow + 1)
+            rd = tl.load(srow + 5)
+            anorm = tl.load(srow + 2)
+            knorm = tl.load(srow + 3)
+            zq = tl.load(srow + 4)
+
+            # Read-out o_t = S_t q / max(z_tᵀq, out_eps).
+            if NORM_OUT:
+                n = tl.maximum(zq, out_eps)
+                dr = _div(do_t, n, ACC)
+                r = tl.sum(S * q_t[None, :], axis=1)
+                dn = -_div(tl.sum(do_t * r, axis=0), n * n, ACC)
+                dn = tl.where(zq > out_eps, dn, 0.0)
+            else:
+                dr = do_t
+                dn = 0.0
+            dq = tl.sum(S * dr[:, None], axis=0)
+            dS = dS + dr[:, None] * q_t[None, :]
+            # z_t = z_{t-1} + k_t, read out through z_tᵀq.
+            dz = dz + dn * q_t
+            dq = dq + dn * z
+            dk_t = dz
+            z = z - k_t
+            # S_t = S_{t-1} + e α̂ᵀ, e = v − S_{t-1} k̂.
+            de = tl.sum(dS * ah[None, :], axis=1)
+            dah = tl.sum(dS * e[:, None], axis=0)
+            S = S - e[:, None] * ah[None, :]
+            if BUG == 3:
+                dkh = tl.zeros([BK], dtype=ACC)
+            else:
+                dkh = -tl.sum(S * de[:, None], axis=0)
+            dS = dS - de[:, None] * kh[None, :]
+            # α̂ = α / max(||α||, norm_eps).
+            if NORM_GATE:
+                da = tl.where(
+                    anorm > norm_eps,
+                    _div(dah - ah * tl.sum(ah * dah, axis=0), anorm, ACC),
+                    _div(dah, norm_eps, ACC),
+                )
+            else:
+                da = dah
+            # α = A_t k̂.
+            dkh = dkh + tl.sum(A * da[:, None], axis=0)
+            dA = dA + da[:, None] * kh[None, :]
+            # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
+            P1 = tl.sum(dA * s[None, :], axis=1)
+            P2 = tl.sum(dA * s[:, None], axis=0)
+            ds = -(P1 + P2) * rd
+            ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
+            through = delta_raw > sm_floor
+            ds = ds + tl.where(through, ddelta, 0.0) * u_t
+            du = tl.where(through, ddelta, 0.0) * s
+            nudge = (t + 1) % nudge_period == 0
+            A = A + (s[:, None] * s[None, :]) * rd
+            if nudge:
+                A = tl.where(eye, A - nudge_eta, A)
+            du = du + tl.sum(A * ds[:, None], axis=0)
+            dA = dA + ds[:, None] * u_t[None, :]
+            # k̂ = k / max(||k||, norm_eps).
+            dk_t = dk_t + tl.where(
+                knorm > norm_eps,
+                _div(dkh - kh * tl.sum(kh * dkh, axis=0), knorm, ACC),
+                _div(dkh, norm_eps, ACC),
+            )
+            tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
+            tl.store(dk_ptr + base_k + t * stride_k + ok, dk_t.to(dk_ptr.dtype.element_ty), mask=mk)
+            tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
+            tl.store(dv_ptr + base_v + t * stride_v + ov, de.to(dv_ptr.dtype.element_ty), mask=mv)
+        # The next chunk overwrites the scratch that this one read.
+        tl.debug_barrier()
+
+    tl.store(ds0_ptr + i_bh * DV * DK + off_vk, dS, mask=m_vk)
+    tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
+    tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
+
+
+__all__ = [
+    "BUG_DK_SIGN",
+    "BUG_GATE_FROM_OLD_A",
+    "BUG_NONE",
+    "BUG_NUDGE_ONE_STEP_LATE",
+    "vla_bwd_kernel",
+    "vla_fwd_kernel",
+]
