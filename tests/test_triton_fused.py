@@ -1,0 +1,388 @@
+"""The ``triton_fused`` backend (issue 5): the fused recurrent kernel of spec §2.3, fwd and bwd.
+
+Without a GPU these run the same Triton kernels on CPU tensors through the interpreter
+(``TRITON_INTERPRET=1``, set by ``tests/conftest.py`` before Triton is imported), on tiny shapes.
+
+Every numerical check uses the spec §4 error budget (:mod:`vla_verify.error_model`): the forward
+through :func:`vla_verify.validate` / :func:`~vla_verify.validation.evaluate_case` against the
+float64 oracle; the gradients against the float64 PyTorch sequential backend (``torch``), with
+that backend run in float32 as the same-precision baseline.  Meta-tests plant bugs in the kernel
+(gate from the old A, nudge one step late, a dropped backward term) and see them rejected.
+
+Hypothesis runs use fixed seeds: the spec §4 criterion compares two roundings of one example, and
+on tiny slices that ratio has a tail; fixed examples keep a red run reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from vla_verify import VLAConfig, backends, validate  # noqa: E402
+from vla_verify.error_model import compare  # noqa: E402
+from vla_verify.errors import (  # noqa: E402
+    BackendUnavailableError,
+    DTypeError,
+    UnsupportedConfigurationError,
+)
+from vla_verify.properties.strategies import Case, ShapeBounds  # noqa: E402
+from vla_verify.validation import evaluate_case  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def _backend():
+    try:
+        be = backends.get("triton_fused")
+    except BackendUnavailableError as exc:  # pragma: no cover - packages missing
+        pytest.skip(exc.reason)
+    reason = be.availability()
+    if reason is not None:
+        pytest.skip(reason)
+    return be
+
+
+def _fused():
+    _backend()
+    from vla_verify.backends import triton_fused
+
+    return triton_fused
+
+
+# -- forward against the oracle (spec §4) ------------------------------------------------------
+
+CONFIGS = {
+    "paper": VLAConfig(),
+    "nudge_every_step": VLAConfig(nudge_period=1, nudge_eta=0.05),
+    "nudge3_ungated": VLAConfig(nudge_period=3, normalize_gate=False),
+    "exact_raw_out_floor": VLAConfig.exact(normalize_output=False, sm_floor=0.5, lambda0=2.0),
+    "tiny_out_eps": VLAConfig(nudge_period=7, out_eps=1e-2, norm_eps=1e-3),
+}
+SMALL = ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_validate_float32_every_config(name: str) -> None:
+    """Every VLAConfig field honoured: floors, nudges at several periods, both switches."""
+    report = validate(
+        _backend(),
+        config=CONFIGS[name],
+        array="torch",
+        dtype="float32",
+        device=DEVICE,
+        max_examples=6,
+        seed=11,
+        bounds=SMALL,
+    )
+    assert report.passed, report.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16"])
+def test_validate_other_dtypes(dtype: str) -> None:
+    report = validate(
+        _backend(),
+        config=VLAConfig(nudge_period=5),
+        array="torch",
+        dtype=dtype,
+        device=DEVICE,
+        max_examples=6,
+        seed=5,
+        bounds=SMALL,
+    )
+    assert report.passed, report.summary()
+
+
+def _case(seed: int, B=1, T=13, H=2, dk=5, dv=3, state=True) -> Case:
+    rng = np.random.default_rng(seed)
+    q = np.abs(rng.standard_normal((B, T, H, dk))) + 0.1
+    k = rng.standard_normal((B, T, H, dk))
+    v = rng.standard_normal((B, T, H, dv))
+    u = rng.standard_normal((B, T, H, dk)) / np.sqrt(dk)
+    initial = None
+    if state:
+        G = rng.standard_normal((B, H, dk, dk))
+        A0 = np.linalg.inv(0.1 * np.eye(dk) + G @ np.swapaxes(G, -1, -2))
+        A0 = 0.5 * (A0 + np.swapaxes(A0, -1, -2))
+        initial = (
+            rng.standard_normal((B, H, dv, dk)),
+            A0,
+            3.0 * np.abs(rng.standard_normal((B, H, dk))),
+        )
+    return Case(q, k, v, u, initial, split=T // 2, regimes={}, seed=seed)
+
+
+def test_initial_and_final_state_dk_ne_dv() -> None:
+    """Given initial state, returned final state, dk != dv (both ways), state carry."""
+    be = _backend()
+    for dk, dv in ((5, 3), (3, 9)):
+        failure, _ = evaluate_case(
+            be,
+            _case(1, dk=dk, dv=dv),
+            config=VLAConfig(nudge_period=4),
+            array="torch",
+            dtype="float32",
+            device=DEVICE,
+        )
+        assert failure is None, failure.describe()
+
+
+def test_value_blocks_and_checkpoint_every_agree() -> None:
+    """Splitting dv over programs (block_v) recomputes the penalty chain per block: the result
+    must not depend on the split."""
+    tf = _fused()
+    case = _case(2, T=9, dk=4, dv=40, state=False)
+    x = [
+        torch.tensor(a, dtype=torch.float32, device=DEVICE)
+        for a in (case.q, case.k, case.v, case.u)
+    ]
+    o1, s1 = tf.fused_recurrent_vla(*x, block_v=64)
+    o2, s2 = tf.fused_recurrent_vla(*x, block_v=16)
+    assert torch.equal(o1, o2)
+    for a, b in zip(s1, s2, strict=True):
+        assert torch.equal(a, b)
+
+
+# -- gradients against the PyTorch sequential backend --------------------------------------------
+
+_GRAD_NAMES = ("q", "k", "v", "u", "S0", "A0", "z0")
+_REDUCE = ("o", "o", "o", "o", "S", "A", "z")  # error_model slice layouts of each gradient
+
+
+def _reference_backend():
+    try:
+        return backends.get("torch")
+    except BackendUnavailableError:  # pragma: no cover - torch backend not in this version
+        pytest.skip("the torch backend is not available")
+
+
+def _grads(fn, case: Case, cot, dtype, config, **kw) -> list[np.ndarray]:
+    xs = [
+        torch.tensor(a, dtype=dtype, device=DEVICE, requires_grad=True)
+        for a in case.arrays().values()
+    ]
+    o, (S, A, z) = fn(*xs[:4], config=config, initial_state=tuple(xs[4:]), **kw)
+    loss = sum(
+        (y.double() * torch.tensor(c, device=DEVICE)).sum()
+        for y, c in zip((o, S, A, z), cot, strict=True)
+    )
+    return [g.detach().double().cpu().numpy() for g in torch.autograd.grad(loss, xs)]
+
+
+def _grad_check(config: VLAConfig, seed: int, dtype, bug: str | None = None, ck: int = 4) -> list:
+    """Kernel gradients vs the float64 torch backend; budget from the same backend in float32.
+
+    For a float64 kernel the error model of :mod:`vla_verify.error_model` rescales a float32
+    error to float64; we take the larger of the torch and the kernel float32 errors as that
+    estimate of the example's condition (a wrong algorithm is O(1) off in both precisions, so it
+    still fails by a factor ~2^29)."""
+    tf = _fused()
+    ref = _reference_backend()
+    case = _case(seed, B=1, T=14, H=2, dk=5, dv=6)
+    rng = np.random.default_rng(seed + 100)
+    B, T, H, dk, dv = case.shapes
+    cot = [
+        rng.standard_normal(s) for s in ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk), (B, H, dk))
+    ]
+
+    def kernel(*a, **kw):
+        return tf.fused_recurrent_vla(*a, **kw, checkpoint_every=ck, planted_bug=bug)
+
+    r64 = _grads(ref, case, cot, torch.float64, config)
+    r32 = _grads(ref, case, cot, torch.float32, config)
+    got = _grads(kernel, case, cot, dtype, config)
+    name = str(dtype).removeprefix("torch.")
+    base = r32
+    if name == "float64":
+        k32 = _grads(kernel, case, cot, torch.float32, config)
+        base = [
+            np.where(np.abs(a - r) > np.abs(b - r), a, b)
+            for a, b, r in zip(r32, k32, r64, strict=True)
+        ]
+    return [
+        (g_name, compare(red, g, r, b, name))
+        for g_name, red, g, r, b in zip(_GRAD_NAMES, _REDUCE, got, r64, base, strict=True)
+    ]
+
+
+GRAD_CONFIGS = {
+    "paper_nudge4": VLAConfig(nudge_period=4),
+    "ungated_raw_out": VLAConfig(nudge_period=3, normalize_gate=False, normalize_output=False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", list(GRAD_CONFIGS))
+def test_gradients_match_torch_sequential(name: str, dtype) -> None:
+    """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks."""
+    for g_name, c in _grad_check(GRAD_CONFIGS[name], seed=3, dtype=dtype):
+        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
+    tf = _fused()
+    case = _case(4, T=11)
+    xs = [torch.tensor(a, requires_grad=True, device=DEVICE) for a in case.arrays().values()]
+    outs = []
+    for ck in (1, 3, 64):
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=ck
+        )
+        grads = torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs)
+        outs.append(grads)
+    for gs in outs[1:]:
+        for a, b in zip(outs[0], gs, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * (1 + float(b.abs().max())))
+
+
+# -- the checks can fail: planted bugs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
+def test_planted_forward_bug_is_rejected(bug: str) -> None:
+    tf = _fused()
+
+    def fn(q, k, v, u, *, config, initial_state=None):
+        o, st = tf.fused_recurrent_vla(
+            q, k, v, u, config=config, initial_state=initial_state, planted_bug=bug
+        )
+        return o, tuple(x.to(q.dtype) for x in st)
+
+    case = _case(6, T=10, state=False)
+    config = VLAConfig(nudge_period=3)
+    good, _ = evaluate_case(
+        _backend(), case, config=config, array="torch", dtype="float32", device=DEVICE
+    )
+    assert good is None, good.describe()
+    bad, _ = evaluate_case(fn, case, config=config, array="torch", dtype="float32", device=DEVICE)
+    assert bad is not None and bad.kind == "mismatch"
+
+
+def test_planted_backward_bug_is_rejected() -> None:
+    checks = dict(
+        _grad_check(GRAD_CONFIGS["paper_nudge4"], 3, torch.float32, bug="backward_drops_dk_term")
+    )
+    assert not checks["k"].passed
+    assert checks["v"].passed  # the planted bug touches dk only
+
+
+# -- NaN-poisoned buffers, refusals, availability -----------------------------------------------
+
+
+def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
+    kernel forgets to write (outputs, states, gradients, scratch read before written) shows."""
+    tf = _fused()
+    case = _case(7, T=9, dk=3, dv=5)
+
+    def run():
+        xs = [
+            torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+            for a in case.arrays().values()
+        ]
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4
+        )
+        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
+        return [o, S, A, z, *grads]
+
+    clean = run()
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*a, **kw):
+        return real_empty(*a, **kw).fill_(float("nan"))
+
+    def empty_like(*a, **kw):
+        return real_empty_like(*a, **kw).fill_(float("nan"))
+
+    monkeypatch.setattr(tf.torch, "empty", empty)
+    monkeypatch.setattr(tf.torch, "empty_like", empty_like)
+    poisoned = run()
+    for a, b in zip(clean, poisoned, strict=True):
+        assert torch.isfinite(b).all()
+        assert torch.equal(a, b)
+
+
+def test_refuses_head_dim_above_128() -> None:
+    tf = _fused()
+    q = torch.rand(1, 1, 1, 129, device=DEVICE)
+    v = torch.rand(1, 1, 1, 4, device=DEVICE)
+    with pytest.raises(UnsupportedConfigurationError) as info:
+        tf.fused_recurrent_vla(q, q, v, q)
+    assert info.value.argument == "q" and "128" in str(info.value)
+    with pytest.raises(UnsupportedConfigurationError, match="128"):
+        _backend()(v, v, q, v)  # dv = 129
+    assert _backend().check_support(
+        VLAConfig(), backends.registry.Shapes(1, 1, 1, 256, 8), "float32", DEVICE
+    )
+
+
+def test_refuses_integer_inputs() -> None:
+    tf = _fused()
+    x = torch.ones(1, 2, 1, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(DTypeError) as info:
+        tf.fused_recurrent_vla(x, x, x, x)
+    assert info.value.argument == "q"
+
+
+def test_registry_says_why_without_gpu_or_interpreter() -> None:
+    code = (
+        "from vla_verify.backends import available\n"
+        "row = [r for r in available() if r.name == 'triton_fused'][0]\n"
+        "print(row.available, '|', row.reason)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False |"), out.stdout
+    assert "no CUDA GPU" in out.stdout and "TRITON_INTERPRET" in out.stdout
+
+
+# -- on the GPU ---------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_validate(dtype: str) -> None:
+    report = validate(
+        _backend(),
+        config=VLAConfig(),
+        array="torch",
+        dtype=dtype,
+        device="cuda",
+        max_examples=30,
+        seed=1,
+        bounds=ShapeBounds(max_B=2, max_H=3, max_dk=64, max_dv=64),
+    )
+    assert report.passed, report.summary()
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_long_sequence_is_finite() -> None:
+    tf = _fused()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, D = 1, 65536, 2, 64
+    q = torch.nn.functional.elu(torch.randn(B, T, H, D, device="cuda", generator=g)) + 1
+    k = torch.nn.functional.elu(torch.randn(B, T, H, D, device="cuda", generator=g)) + 1
+    v = torch.randn(B, T, H, D, device="cuda", generator=g)
+    u = (
+        torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda", generator=g), dim=-1)
+        / D**0.5
+    )
+    o, state = tf.fused_recurrent_vla(*(x.bfloat16() for x in (q, k, v, u)))
+    assert torch.isfinite(o).all() and all(torch.isfinite(s).all() for s in state)
