@@ -417,12 +417,12 @@ def validate(
         if fn.variant != variant:
             fn = fn.bind(variant=variant)
         backend = fn
-        unavailable = backend.availability()
-        if unavailable is not None:  # a missing device is not a failure of the implementation
-            raise BackendUnavailableError(backend.name, unavailable)
         reason = backend.check_support(config, Shapes(1, 1, 1, 1, 1), dtype, device)
         if reason is not None:  # the request itself is unsupported, whatever the shapes
             raise UnsupportedConfigurationError(backend.name, reason)
+        unavailable = backend.availability()
+        if unavailable is not None:  # a missing device is not a failure of the implementation
+            raise BackendUnavailableError(backend.name, unavailable)
 
         def support(shapes: Shapes) -> str | None:
             return backend.check_support(config, shapes, dtype, device)
