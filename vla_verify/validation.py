@@ -188,7 +188,9 @@ def same_precision_runs(
     return runs
 
 
-def _history_scales(history: Any, initial: tuple[np.ndarray, ...] | None) -> dict[str, np.ndarray]:
+def _history_scales(
+    history: Any, initial: tuple[np.ndarray, ...] | None, lambda0: float
+) -> dict[str, np.ndarray]:
     """Per (b, h): the largest |S_t|, |A_t|, |z_t| over the run, the initial state included."""
     scales = {
         "S": np.max(np.abs(history.S), axis=(1, 3, 4)),
@@ -198,6 +200,8 @@ def _history_scales(history: Any, initial: tuple[np.ndarray, ...] | None) -> dic
     if initial is not None:
         for name, x, axes in zip("SAz", initial, ((2, 3), (2, 3), (2,)), strict=True):
             scales[name] = np.maximum(scales[name], np.max(np.abs(x), axis=axes))
+    else:  # the default start: S_0 = 0, z_0 = 0, A_0 = I/lambda0 (the first downdate cancels it)
+        scales["A"] = np.maximum(scales["A"], 1.0 / lambda0)
     return scales
 
 
@@ -281,7 +285,7 @@ def evaluate_case(
         "A": [r.state[1] for r in base_runs],
         "z": [r.state[2] for r in base_runs],
     }
-    scales = _history_scales(ref.history, seen_state)
+    scales = _history_scales(ref.history, seen_state, config.lambda0)
     comparisons = []
     for name, x in outputs.items():
         problem = _check_array(x, array, name)
