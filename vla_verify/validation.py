@@ -51,7 +51,7 @@ from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
 __all__ = ["Failure", "ValidationReport", "evaluate_case", "same_precision_runs", "validate"]
 
 #: Runs of the same-precision oracle per example (see :func:`same_precision_runs`).
-BASELINE_SAMPLES = 5
+BASELINE_SAMPLES = 8
 
 Implementation = Callable[..., Any]
 
@@ -298,7 +298,14 @@ def evaluate_case(
             ), np.inf
         comparisons.append(
             compare(
-                name, got, refs[name], bases[name], dtype, factor=factor, scale=scales.get(name)
+                name,
+                got,
+                refs[name],
+                bases[name],
+                dtype,
+                factor=factor,
+                scale=scales.get(name),
+                terms=dk,
             )
         )
     bad = [c for c in comparisons if not c.passed]
@@ -340,7 +347,7 @@ def evaluate_case(
             return Failure(
                 "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}", case
             ), np.inf
-        carry = compare("o", joined, ref.o, bases["o"], dtype, factor=factor)
+        carry = compare("o", joined, ref.o, bases["o"], dtype, factor=factor, terms=dk)
         if not carry.passed:
             return Failure(
                 "carry",
