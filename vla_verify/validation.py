@@ -189,9 +189,15 @@ def same_precision_runs(
 
 
 def _history_scales(
-    history: Any, initial: tuple[np.ndarray, ...] | None, lambda0: float
+    history: Any, initial: tuple[np.ndarray, ...] | None, q: np.ndarray, config: VLAConfig
 ) -> dict[str, np.ndarray]:
-    """Per (b, h): the largest |S_t|, |A_t|, |z_t| over the run, the initial state included."""
+    """Per (b, h): the magnitude of the terms that make each quantity (the floor's scale).
+
+    ``S, A, z``: the largest entry over the run, the initial state included.  ``o``: the
+    a-priori scale of the read-out ``o_t = S_t q_t / d_t`` — the dot product's terms,
+    ``max_t (|S_t| |q_t|) / d_t`` — since its rounding error is bounded by ``|S_t| |q_t|``, not
+    by ``|o_t|`` (large values and small read-outs cancel).
+    """
     scales = {
         "S": np.max(np.abs(history.S), axis=(1, 3, 4)),
         "A": np.max(np.abs(history.A), axis=(1, 3, 4)),
@@ -201,7 +207,12 @@ def _history_scales(
         for name, x, axes in zip("SAz", initial, ((2, 3), (2, 3), (2,)), strict=True):
             scales[name] = np.maximum(scales[name], np.max(np.abs(x), axis=axes))
     else:  # the default start: S_0 = 0, z_0 = 0, A_0 = I/lambda0 (the first downdate cancels it)
-        scales["A"] = np.maximum(scales["A"], 1.0 / lambda0)
+        scales["A"] = np.maximum(scales["A"], 1.0 / config.lambda0)
+    terms = np.einsum("bthij,bthj->bthi", np.abs(history.S), np.abs(q))  # [B, T, H, dv]
+    if config.normalize_output:
+        den = np.maximum(np.einsum("bthj,bthj->bth", history.z, q), config.out_eps)
+        terms = terms / den[..., None]
+    scales["o"] = np.max(terms, axis=(1, 3))
     return scales
 
 
@@ -285,7 +296,7 @@ def evaluate_case(
         "A": [r.state[1] for r in base_runs],
         "z": [r.state[2] for r in base_runs],
     }
-    scales = _history_scales(ref.history, seen_state, config.lambda0)
+    scales = _history_scales(ref.history, seen_state, seen[0], config)
     comparisons = []
     for name, x in outputs.items():
         problem = _check_array(x, array, name)
@@ -347,7 +358,9 @@ def evaluate_case(
             return Failure(
                 "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}", case
             ), np.inf
-        carry = compare("o", joined, ref.o, bases["o"], dtype, factor=factor, terms=dk)
+        carry = compare(
+            "o", joined, ref.o, bases["o"], dtype, factor=factor, scale=scales["o"], terms=dk
+        )
         if not carry.passed:
             return Failure(
                 "carry",
