@@ -95,7 +95,8 @@ def _vla_step(
     # k̂_t = k_t / max(||k_t||, norm_eps)
     knorm = _sqrt(tl.sum(k * k, axis=0), ACC)
     kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
-    # One pass over A_{t-1}: s = A_{t-1} u and A_{t-1} k̂ (rows i, reduce over j).
+    # s = A_{t-1} u (rows i, reduce over j); A_{t-1} k̂ only for the planted bug (dead code
+    # otherwise, removed by the compiler).
     s = tl.sum(A * u[None, :], axis=1)
     Ak = tl.sum(A * kh[None, :], axis=1)
     delta_raw = 1.0 + tl.sum(u * s, axis=0)
@@ -117,11 +118,14 @@ def _vla_step(
     A = A - _div(s[:, None] * s[None, :], delta, ACC)
     if nudge:
         A = tl.where(eye, A + eta, A)
-    # Gate from the UPDATED A_t = A_{t-1} − s sᵀ/δ + η_t I (spec §2.3), without a second pass.
+    # Gate from the UPDATED A_t (spec §2.3), by a second pass over A.  The one-pass shortcut
+    # A_{t-1}k̂ − s(sᵀk̂)/δ + ηk̂ cancels at the scale of |A_{t-1}k̂| instead of that of A's
+    # entries, and measured 2.1x the float32 oracle's error on an ill-conditioned downdate on
+    # the H200 (cond(M) ~ 1e5, T = 1): outside the spec §4 budget.
     if BUG == 1:
         alpha = Ak
     else:
-        alpha = Ak - s * (tl.sum(s * kh, axis=0) * rd) + eta * kh
+        alpha = tl.sum(A * kh[None, :], axis=1)
     anorm = _sqrt(tl.sum(alpha * alpha, axis=0), ACC)
     if NORM_GATE:
         ah = _div(alpha, tl.maximum(anorm, norm_eps), ACC)
