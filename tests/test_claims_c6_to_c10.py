@@ -92,6 +92,12 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
     path.write_text(json.dumps({"machine": {}, "records": rows}))
     bad = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
     assert bad["C9.scaling"].verdict is Verdict.NOT_REPRODUCED
+    for r in rows:  # a sequential loop only 3x slower than the kernel: no 14x speed-up
+        if r["op"] == "vla_torch_sequential":
+            r["median_ms"] = 3 * r["T"] ** 2 * 1e-6
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
+    slow = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
+    assert slow["C9.speedup"].verdict is Verdict.NOT_REPRODUCED
 
 
 def test_c10_not_measured_until_results_exist(tmp_path):

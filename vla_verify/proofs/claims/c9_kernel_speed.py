@@ -85,9 +85,22 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
     )
     both = sorted(set(fused) & set(softmax))
     crossover = next((T for T in both if fused[T] < softmax[T]), None) if both else None
+    # Where the two power laws through the two longest common T would cross (an extrapolation,
+    # reported as a figure, never used for the verdict).
+    extrapolated = None
+    if crossover is None and len(both) >= 2:
+        T1, T2 = both[-2], both[-1]
+        p_f = np.log(fused[T2] / fused[T1]) / np.log(T2 / T1)
+        p_s = np.log(softmax[T2] / softmax[T1]) / np.log(T2 / T1)
+        if p_s > p_f:
+            extrapolated = float(T2 * (fused[T2] / softmax[T2]) ** (1.0 / (p_s - p_f)))
 
     def agrees(value: float | None, claimed: float) -> bool | None:
         return None if value is None else claimed / 2 <= value <= claimed * 2
+
+    def at_least(value: float | None, claimed: float) -> bool | None:
+        # A speed-up is a lower bound: faster than claimed reproduces it too.
+        return None if value is None else value >= claimed / 2
 
     not_yet = [] if rows else ["not yet measured: " + source]
     return [
@@ -95,9 +108,10 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
             id="C9.speedup",
             title="Kernel speed: 14× sequential Python",
             statement="The fused Triton kernel is 14× faster than sequential Python.",
-            formalisation="python_ms / fused_ms at the longest common T within ×2 of 14",
+            formalisation="python_ms / fused_ms at the longest common T ≥ 14/2 (a speed-up is "
+            "a lower bound; within a factor 2)",
             method=method,
-            verdict=Verdict.from_measurement(agrees(speedup, PAPER_SPEEDUP)),
+            verdict=Verdict.from_measurement(at_least(speedup, PAPER_SPEEDUP)),
             figures={"speedup": speedup, "paper": PAPER_SPEEDUP},
             key_figure="speedup" if speedup is not None else None,
             evidence=not_yet or [f"speedup {speedup} at T = {common[-1] if common else '-'}"],
@@ -122,9 +136,27 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
             verdict=Verdict.from_measurement(
                 None if not both else agrees(crossover, PAPER_CROSSOVER) if crossover else False
             ),
-            figures={"crossover_T": crossover, "paper": PAPER_CROSSOVER},
-            key_figure="crossover_T" if both else None,
-            evidence=not_yet or [f"crossover at T = {crossover} (measured T: {both})"],
+            figures={
+                "crossover_T": crossover,
+                "extrapolated_crossover_T": extrapolated,
+                "fused_over_softmax_at_longest_T": fused[both[-1]] / softmax[both[-1]]
+                if both
+                else None,
+                "paper": PAPER_CROSSOVER,
+            },
+            key_figure=("crossover_T" if crossover else "extrapolated_crossover_T")
+            if both
+            else None,
+            evidence=not_yet
+            or [
+                f"crossover at T = {crossover} (measured T: {both})"
+                if crossover
+                else f"no crossover up to T = {both[-1]}: fused is "
+                f"{fused[both[-1]] / softmax[both[-1]]:.1f}x slower than softmax there; the power "
+                f"laws through the two longest T cross near T = {extrapolated:.3g}"
+                if extrapolated
+                else f"no crossover up to T = {both[-1]}"
+            ],
         ),
     ]
 
