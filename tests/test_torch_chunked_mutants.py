@@ -1,0 +1,63 @@
+"""Meta-tests of the chunked algorithm (spec §5): planted bugs in its two chains are rejected.
+
+Each mutant replaces one function of :mod:`vla_verify.backends.torch_chunked` with a copy that
+has an off-by-one causal mask — the classic chunked-kernel bug — and ``validate`` must fail it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vla_verify import VLAConfig, backends, validate  # noqa: E402
+from vla_verify.backends import torch_chunked  # noqa: E402
+from vla_verify.properties.strategies import ShapeBounds  # noqa: E402
+
+BOUNDS = ShapeBounds(max_T=40, max_dk=4, max_dv=4)
+
+
+def _state_chain_reading_before_the_write(S0, K_hat, gate, V, Q):
+    """``P = tril(Q Âᵀ, −1)``: the output of token t misses its own write (S_{t-1} q_t)."""
+    N = torch.tril(K_hat @ gate.mT, -1)
+    V_t = torch.linalg.solve_triangular(N, V, upper=False, unitriangular=True)
+    K_t = torch.linalg.solve_triangular(N, K_hat, upper=False, unitriangular=True)
+    P = torch.tril(Q @ gate.mT, -1)
+    S, outputs = S0, []
+    for c in range(V.shape[2]):
+        E = V_t[:, :, c] - K_t[:, :, c] @ S.mT
+        outputs.append(Q[:, :, c] @ S.mT + P[:, :, c] @ E)
+        S = S + E.mT @ gate[:, :, c]
+    return torch.stack(outputs, dim=2), S
+
+
+def _penalty_chunk_with_gate_from_previous_A(A0, U, K_hat, floor):
+    """The gate's causal mask without its diagonal: α_t from A_{t-1} instead of A_t."""
+    Y = U @ A0.mT
+    G = U @ Y.mT
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    L, d = torch_chunked._ldl(eye + torch.tril(G) + torch.tril(G, -1).mT, floor)
+    W = torch.linalg.solve_triangular(L, Y, upper=False, unitriangular=True)
+    W_scaled = W / d.unsqueeze(-1)
+    alpha = K_hat @ A0.mT - torch.tril(K_hat @ W_scaled.mT, -1) @ W
+    return alpha, A0 - W.mT @ W_scaled, d
+
+
+@pytest.mark.parametrize(
+    ("function", "mutant"),
+    [
+        ("_state_chain", _state_chain_reading_before_the_write),
+        ("_penalty_chunk", _penalty_chunk_with_gate_from_previous_A),
+    ],
+)
+def test_chunked_mutant_is_rejected(function, mutant, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = backends.get("torch_chunked", chunk_size=16)
+    config = VLAConfig.exact()
+    kwargs = dict(
+        config=config, array="torch", dtype="float32", max_examples=40, seed=3, bounds=BOUNDS
+    )
+    assert validate(backend, **kwargs).passed  # the unmodified algorithm passes the same search
+    monkeypatch.setattr(torch_chunked, function, mutant)
+    report = validate(backend, **kwargs)
+    assert not report.passed, f"{function} mutant not caught"
+    assert report.failures[0].kind in ("mismatch", "carry")
