@@ -7,7 +7,8 @@ Profiles (``HYPOTHESIS_PROFILE``; default ``ci`` when ``$CI`` is set, else ``dev
 - ``thorough``: 1000 examples, the long searches.
 
 ``VLA_VERIFY_BACKENDS=a,b`` picks the backends that the backend-parametrised tests run against
-(default: ``numpy``); the chosen ones are printed in the report header.
+(default ``all``: every backend this machine can run); the choice is printed in the report
+header.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every selected backend against the oracle (``VLA_VERIFY_BACKENDS``, default ``numpy``).
+"""Every selected backend against the oracle (``VLA_VERIFY_BACKENDS``; default: all available).
 
 The same checker users run (``validate``), per variant and dtype the backend declares; a backend
 that is unavailable here, or declines a request, is skipped with the registry's reason.

@@ -278,12 +278,12 @@ def available() -> list[BackendStatus]:
     return rows
 
 
-def selected(default: tuple[str, ...] = ("numpy",)) -> list[str]:
-    """Backends chosen by ``$VLA_VERIFY_BACKENDS`` (comma-separated; ``all`` = every available
-    one), else ``default``.  Unknown names raise :class:`UnknownBackendError`."""
-    raw = os.environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return list(default)
+def selected(default: str = "all") -> list[str]:
+    """Backends chosen by ``$VLA_VERIFY_BACKENDS`` (comma-separated names, or ``all`` = every
+    backend available on this machine), else by ``default`` (same syntax; default ``all``: the
+    test suite checks whatever this machine can run).  Unknown names raise
+    :class:`UnknownBackendError`."""
+    raw = os.environ.get(ENV_VAR, "").strip() or default
     if raw == "all":
         return [row.name for row in available() if row.available]
     chosen = [n.strip() for n in raw.split(",") if n.strip()]
