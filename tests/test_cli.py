@@ -139,3 +139,14 @@ def test_console_script_is_installed() -> None:
     ).stdout
     for command in ("check", "backends", "run"):
         assert command in out
+
+
+def test_run_takes_a_configuration_each_backend_supports() -> None:
+    pytest.importorskip("torch")
+    from vla_verify import VLAConfig, backends
+    from vla_verify.cli import _run_config
+
+    config, note = _run_config(backends.get("numpy"), "float64", "cpu")
+    assert config == VLAConfig() and note == ""
+    config, note = _run_config(backends.get("torch_chunked", chunk_size=32), "float32", "cpu")
+    assert config.nudge_period == 32 and "nudge_period=32" in note

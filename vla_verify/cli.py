@@ -210,15 +210,21 @@ def conformance(
             continue
         caps = status.capabilities
         dtypes, bounds, scale = _RUN_PLAN.get(name, (caps.dtypes, None, 1.0))
-        device = "cuda" if "cuda" in caps.devices and _cuda_available() else caps.devices[0]
+        if "cuda" in caps.devices and _cuda_available():
+            device = "cuda"
+        else:
+            device = "cpu" if "cpu" in caps.devices else caps.devices[0]
+        backend = get(name)
         for dtype in dtypes:
             if dtype not in caps.dtypes:
                 continue
+            config, config_note = _run_config(backend, dtype, device)
             n = max(5, int(max_examples * scale))
             bar = ProgressBar(f"conformance {name} {dtype}", n, enabled=show_progress)
             try:
                 report: ValidationReport = validate(
-                    get(name),
+                    backend,
+                    config=config,
                     array=caps.array,
                     dtype=dtype,
                     device=device,
@@ -232,7 +238,9 @@ def conformance(
                 rows.append(ConformanceRow(name, dtype, device, "SKIPPED", 0, None, 0.0, str(exc)))
                 continue
             bar.close()
-            note = "" if report.passed else report.failures[0].message
+            note = "; ".join(
+                x for x in (config_note, "" if report.passed else report.failures[0].message) if x
+            )
             rows.append(
                 ConformanceRow(
                     name,
@@ -248,6 +256,32 @@ def conformance(
             if not report.passed:
                 print(report.summary(), file=sys.stderr)
     return rows
+
+
+def _run_config(backend: Any, dtype: str, device: str) -> tuple[VLAConfig, str]:
+    """The paper preset if the backend takes it, else the nearest configuration it does take
+    (a chunked backend needs nudges at chunk boundaries), with a note saying which."""
+    from .spec import Shapes
+
+    one = Shapes(1, 1, 1, 1, 1)
+    preset = VLAConfig()
+    if backend.check_support(preset, one, dtype, device) is None:
+        return preset, ""
+    chunk = getattr(backend, "options", {}).get("chunk_size")
+    for config in ([preset.replace(nudge_period=chunk)] if chunk else []) + [VLAConfig.exact()]:
+        if backend.check_support(config, one, dtype, device) is None:
+            return config, f"config: nudge_period={config.nudge_period} (the preset's 20 refused)"
+    return preset, ""
+
+
+def use_triton_interpreter_without_gpu() -> bool:
+    """Set ``TRITON_INTERPRET=1`` when there is no CUDA GPU and the user has not chosen, so that
+    the Triton kernels are checked on the CPU.  Must run before triton is imported; returns
+    whether it did."""
+    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules or _cuda_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
 
 
 def _cuda_available() -> bool:
@@ -274,6 +308,8 @@ def _print_conformance(rows: Sequence[ConformanceRow]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.backends.split(",")] if args.backends else None
+    if use_triton_interpreter_without_gpu():
+        print("no CUDA GPU: Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
     rows = conformance(
         names, max_examples=args.max_examples, seed=args.seed, show_progress=not args.quiet
     )
