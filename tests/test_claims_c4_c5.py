@@ -23,6 +23,17 @@ def test_c4_step_only_if_parallel_and_delta_holds(tmp_path):
 def test_c4_product_fails_for_vla_and_holds_for_linear(tmp_path):
     vla = c4_jacobian.run_product(tiny_context(tmp_path))
     assert vla.verdict is Verdict.FAILS
+    # The FAILS carries a minimal counterexample, certified in interval arithmetic, that replays.
+    assert vla.counterexample is not None and vla.certified is True
+    from vla_verify.proofs import certificates
+
+    replayed = certificates.replay(vla.counterexample)
+    assert replayed.ok, replayed.summary()
+    cx = certificates.load(vla.counterexample)
+    assert cx.quantity.startswith("jacobian_product_")
+    # The same check on the first step alone (a single factor has norm ≥ 1) certifies nothing.
+    cx.t = 0
+    assert not certificates.recheck_interval(cx).certified
     linear = c4_jacobian.run_product(tiny_context(tmp_path), variant="linear")
     assert linear.verdict is Verdict.HOLDS
 

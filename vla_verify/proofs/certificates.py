@@ -73,6 +73,10 @@ QUANTITIES: dict[str, tuple[str, float | None, str]] = {
     "argmin_residual": ("==", 0.0, "||S_t G_t − C_t||_F / ||C_t||_F"),
     "jacobian_step_norm": ("==", 1.0, "||I − k̂_t α̂_tᵀ||₂"),
     "state_norm": ("<=", None, "||S_t||_F"),
+    # C4.product, "neither explode nor vanish" formalised as 0.1 ≤ ||J_1 ⋯ J_t||₂ ≤ 10: one
+    # quantity per side, since a relation is fixed per quantity.
+    "jacobian_product_vanishing": (">=", 0.1, "||X_1 X_2 ⋯ X_t||₂ with X_s = I − k̂_s α̂_sᵀ"),
+    "jacobian_product_growth": ("<=", 10.0, "||X_1 X_2 ⋯ X_t||₂ with X_s = I − k̂_s α̂_sᵀ"),
 }
 
 _INPUTS = ("q", "k", "v", "u")
@@ -257,6 +261,12 @@ def _measure_float(
         return float(np.linalg.norm(X, 2))
     if quantity == "state_norm":
         return float(np.linalg.norm(h.S[0, t, 0]))
+    if quantity in ("jacobian_product_vanishing", "jacobian_product_growth"):
+        # S_t = S_0 X_1 ⋯ X_t + (terms without S_0): the linear part of S_0 ↦ S_t.
+        P = np.eye(dk)
+        for s in range(t + 1):
+            P = P @ (np.eye(dk) - np.outer(h.k_hat[0, s, 0], h.gate[0, s, 0]))
+        return float(np.linalg.norm(P, 2))
     raise ValueError(f"unknown quantity {quantity!r}; expected one of {sorted(QUANTITIES)}")
 
 
@@ -408,6 +418,7 @@ def _iv_recurrence(
                 f"interval re-check supports variants 'vla' and 'rls', not {variant!r}"
             )
         out.setdefault("k_hats", []).append(kh)
+        out.setdefault("gates", []).append(gate)
         out["A_prev"], out["A"], out["S"], out["k_hat"], out["gate"] = A_prev, A, S, kh, gate
     _ = q
     return out
@@ -480,14 +491,37 @@ def _iv_quantity(cx: Counterexample) -> Any:
         return iv.mpf([lower.a, upper.b])
     if cx.quantity == "state_norm":
         return frob(r["S"])
+    if cx.quantity in ("jacobian_product_vanishing", "jacobian_product_growth"):
+        P = [[X(1) if i == j else X(0) for j in range(dk)] for i in range(dk)]
+        for kh, gate in zip(r["k_hats"], r["gates"], strict=True):
+            Xs = [[(1 if i == j else 0) - kh[i] * gate[j] for j in range(dk)] for i in range(dk)]
+            P = [
+                [sum((P[i][m] * Xs[m][j] for m in range(dk)), X(0)) for j in range(dk)]
+                for i in range(dk)
+            ]
+        return _spectral_norm_enclosure(P, dk)
     raise ValueError(f"unknown quantity {cx.quantity!r}")
+
+
+def _spectral_norm_enclosure(M: list, dk: int) -> Any:
+    """An interval containing ``||M||₂`` for an interval matrix ``M``: below, ``||M w||/||w||``
+    for the (float64) top right singular vector ``w`` of the midpoint; above, ``||M||_F``."""
+    iv = mpmath.iv
+    X = lambda x: iv.mpf(float(x))  # noqa: E731
+    mid = np.array([[float(e.mid) for e in row] for row in M])
+    w = np.linalg.svd(mid)[2][0]
+    W = [X(x) for x in w]
+    Mw = [sum((M[i][j] * W[j] for j in range(dk)), X(0)) for i in range(dk)]
+    lower = iv.sqrt(sum((a**2 for a in Mw), X(0)) / sum((a**2 for a in W), X(0)))
+    upper = iv.sqrt(sum((a**2 for row in M for a in row), X(0)))
+    return iv.mpf([lower.a, upper.b])
 
 
 def recheck_interval(cx: Counterexample, *, dps: int = 50) -> IntervalVerdict:
     """Recompute ``cx``'s figure from its exact inputs in ``mpmath.iv`` at ``dps`` digits and
     decide whether the enclosing interval lies strictly on the violating side of the claim:
     ``==``: the interval excludes ``claimed``; ``<``: ``lower >= claimed``; ``<=``:
-    ``lower > claimed``."""
+    ``lower > claimed``; ``>=``: ``upper < claimed``."""
     saved = mpmath.iv.dps
     mpmath.iv.dps = dps
     try:
@@ -500,6 +534,8 @@ def recheck_interval(cx: Counterexample, *, dps: int = 50) -> IntervalVerdict:
             certified = (lo >= claimed) is True
         elif cx.relation == "<=":
             certified = (lo > claimed) is True
+        elif cx.relation == ">=":
+            certified = (hi < claimed) is True
         else:
             raise ValueError(f"unknown relation {cx.relation!r}")
         lo_mpf, hi_mpf = value._mpi_

@@ -294,9 +294,6 @@ def run_product(ctx: Context, *, variant: str = "vla") -> ClaimResult:
             seed=ctx.seed,
         )
         if minimal is not None:
-            # certificates.QUANTITIES has no product quantity: the inputs are reported here and
-            # the per-step factors are certified by C4.step's certificate.
-            note = "no interval certificate: certificates has no quantity for products"
             logs = invariants.jacobian_product_norm(
                 minimal, config, variant=variant, cumulative=True
             )
@@ -304,7 +301,21 @@ def run_product(ctx: Context, *, variant: str = "vla") -> ClaimResult:
                 f"minimal counterexample: {minimal.describe()} — log10 ||Π_t||₂ = "
                 f"{np.round(logs[0, :, 0], 3).tolist()}"
             )
-            evidence.append(note)
+            bad = np.argwhere(~np.isfinite(logs) | (np.abs(logs) > 1.0))
+            b, t, h = (int(i) for i in bad[0])
+            vanishing = bool(np.isfinite(logs[b, t, h]) and logs[b, t, h] < -1.0)
+            quantity = "jacobian_product_vanishing" if vanishing else "jacobian_product_growth"
+            counterexample, certified, text = certify(
+                ctx,
+                "C4.product",
+                minimal,
+                config,
+                quantity,
+                (b, t, h),
+                variant=variant,
+                statement="||J_t ⋯ J_1||₂ stays within [0.1, 10] (neither vanishes nor explodes)",
+            )
+            evidence.append(text)
         else:
             evidence.append(
                 "no short counterexample within the search budget; the violation "
