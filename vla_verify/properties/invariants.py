@@ -31,7 +31,7 @@ import numpy as np
 
 from ..arrays import from_numpy, to_numpy
 from ..backends import Backend, get
-from ..backends.numpy_oracle import NumpyOracleBackend, recurrence
+from ..backends.numpy_oracle import NumpyOracleBackend, StateHistory, recurrence
 from ..closed_forms import argmin_state, penalty_matrix, unit_normalize
 from ..errors import BackendUnavailableError, UnsupportedConfigurationError
 from ..spec import Shapes, VLAConfig, unit_roundoff
@@ -49,6 +49,7 @@ __all__ = [
     "jacobian_product_norm",
     "jacobian_step_norms",
     "oracle_agreement",
+    "oracle_history",
     "rank_one_sigma_max",
     "resolve_backend",
     "run_backend",
@@ -515,9 +516,9 @@ def rank_one_sigma_max(c: np.ndarray | float) -> np.ndarray:
     return np.sqrt((3.0 - 2.0 * c + np.sqrt(np.maximum(5.0 - 4.0 * c, 0.0))) / 2.0)
 
 
-def _step_matrices_oracle(case: Case, config: VLAConfig, variant: str) -> np.ndarray:
-    """The linear part ``X_t`` of each step, ``S_t = S_{t-1} X_t + …``: ``[B, T, H, dk, dk]``."""
-    r = recurrence(
+def oracle_history(case: Case, config: VLAConfig, variant: str = "vla") -> StateHistory:
+    """Every intermediate state of the float64 oracle on ``case`` (spec §2.3), ``[B, T, H, …]``."""
+    h = recurrence(
         case.q,
         case.k,
         case.v,
@@ -526,9 +527,14 @@ def _step_matrices_oracle(case: Case, config: VLAConfig, variant: str) -> np.nda
         variant=variant,
         initial_state=case.initial_state,
         return_states=True,
-    )
-    h = r.history
+    ).history
     assert h is not None
+    return h
+
+
+def _step_matrices_oracle(case: Case, config: VLAConfig, variant: str) -> np.ndarray:
+    """The linear part ``X_t`` of each step, ``S_t = S_{t-1} X_t + …``: ``[B, T, H, dk, dk]``."""
+    h = oracle_history(case, config, variant)
     dk = case.shapes[3]
     eye = np.eye(dk)
     if variant in ("vla", "delta"):
@@ -663,17 +669,7 @@ def _unit_gate_steps(case: Case, config: VLAConfig) -> tuple[np.ndarray, np.ndar
     """``c_t = α̂_tᵀk̂_t`` from the oracle ``[B, T, H]``, and where the hypotheses of C4 hold:
     the oracle is finite and ``k̂_t``, ``α̂_t`` are unit (a zero key or a zero gate ``A_t k̂_t = 0``
     — possible for an indefinite initial ``A`` — is left as the zero vector by ``normalize``)."""
-    r = recurrence(
-        case.q,
-        case.k,
-        case.v,
-        case.u,
-        config=config,
-        initial_state=case.initial_state,
-        return_states=True,
-    )
-    h = r.history
-    assert h is not None
+    h = oracle_history(case, config)
     c = np.sum(h.k_hat * h.gate, axis=-1)
     nk = np.linalg.norm(h.k_hat, axis=-1)
     ng = np.linalg.norm(h.gate, axis=-1)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ...oracle import recurrence
 from ...properties import invariants
 from ...properties.strategies import Case, ShapeBounds, cases
 from ...spec import VLAConfig
@@ -38,16 +37,7 @@ CONDITION = "no nudge fires at step t (t not a multiple of nudge_period, or nudg
 
 def _worst_increase(case: Case, config: VLAConfig) -> tuple[int, int, int]:
     """``(b, t, h)`` of the largest increase of ``u_tᵀA u_t`` over one oracle step."""
-    h = recurrence(
-        case.q,
-        case.k,
-        case.v,
-        case.u,
-        config=config,
-        initial_state=case.initial_state,
-        return_states=True,
-    ).history
-    assert h is not None
+    h = invariants.oracle_history(case, config)
     B, _T, H, dk, _ = case.shapes
     A0 = (
         np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ...oracle import recurrence
 from ...properties import invariants
 from ...properties.strategies import Case, ShapeBounds, cases
 from ...spec import VLAConfig
@@ -58,17 +57,7 @@ def _strategy(ctx: Context, config: VLAConfig, max_H: int = 2) -> st.SearchStrat
 
 
 def _cosines(case: Case, config: VLAConfig, variant: str) -> np.ndarray:
-    h = recurrence(
-        case.q,
-        case.k,
-        case.v,
-        case.u,
-        config=config,
-        variant=variant,
-        initial_state=case.initial_state,
-        return_states=True,
-    ).history
-    assert h is not None
+    h = invariants.oracle_history(case, config, variant)
     return np.sum(h.k_hat * unit(h.gate), axis=-1)
 
 
