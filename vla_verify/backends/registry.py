@@ -136,6 +136,7 @@ class Backend(ABC):
         initial_state: tuple[Any, Any, Any] | None = None,
     ) -> tuple[Any, tuple[Any, Any, Any]]:
         config = VLAConfig() if config is None else config
+        self._precheck(q, k, v, u, initial_state, config)
         reason = self.availability()
         if reason is not None:
             raise BackendUnavailableError(self.name, reason)
@@ -159,6 +160,13 @@ class Backend(ABC):
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason)
         return self._run(q, k, v, u, config=config, initial_state=initial_state)
+
+    def _precheck(
+        self, q: Any, k: Any, v: Any, u: Any, initial_state: Any, config: VLAConfig
+    ) -> None:
+        """Backend-specific checks that must come before the generic ones (none by default):
+        a backend raises here the typed error that names the argument most precisely."""
+        return None
 
     @abstractmethod
     def _run(

@@ -244,18 +244,8 @@ class TorchSequentialBackend(Backend):
         requires=("torch",),
     )
 
-    def __call__(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        u: Any,
-        *,
-        config: VLAConfig | None = None,
-        initial_state: tuple[Any, Any, Any] | None = None,
-    ) -> tuple[Any, tuple[Any, Any, Any]]:
+    def _precheck(self, q, k, v, u, initial_state, config):  # type: ignore[no-untyped-def]
         check_tensors(self.name, self.capabilities, q, k, v, u, initial_state)
-        return super().__call__(q, k, v, u, config=config, initial_state=initial_state)
 
     def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
         o, state = recurrent(
