@@ -34,6 +34,7 @@ from . import triton_fused_kernels as kernels
 from .registry import Backend, Capabilities
 
 __all__ = [
+    "DOWNDATES",
     "MAX_HEAD_DIM",
     "PLANTED_BUGS",
     "FusedRecurrentVLAFunction",
@@ -50,6 +51,12 @@ _NEVER = 2**31 - 1  # nudge period meaning "never" (t + 1 < 2**31 for any T we c
 _NAME = "triton_fused"
 
 #: Planted bugs for the meta-tests (``planted_bug=`` of :func:`fused_recurrent_vla`).
+#: The forward holds Aᵀ and Sᵀ (kernels._vla_step_t); 0 selects the untransposed step (A/B runs).
+_FORWARD_TRANSPOSED = 1
+
+#: The forward's Sherman–Morrison downdate variants (kernel constexpr ``DOWNDATE``).
+DOWNDATES: dict[str, int] = {"exact": kernels.DOWNDATE_EXACT, "fma": kernels.DOWNDATE_FMA}
+
 PLANTED_BUGS: dict[str, int] = {
     "gate_from_previous_A": kernels.BUG_GATE_FROM_OLD_A,
     "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
@@ -144,6 +151,7 @@ def _forward(
     block_v: int | None,
     num_warps: int | None,
     bug: int,
+    downdate: int = 0,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -198,6 +206,8 @@ def _forward(
         NORM_OUT=config.normalize_output,
         ACC=acc_tl,
         BUG=bug,
+        DOWNDATE=downdate,
+        TRANSPOSED=_FORWARD_TRANSPOSED,
         num_warps=num_warps or _default_warps(bk, bv),
     )
     return o, (sT, aT, zT), ck
@@ -238,6 +248,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             block_v=options["block_v"],
             num_warps=options["num_warps"],
             bug=options["bug"],
+            downdate=options["downdate"],
         )
         if save:
             assert ck is not None
@@ -330,6 +341,7 @@ def fused_recurrent_vla(
     checkpoint_every: int = 64,
     block_v: int | None = None,
     num_warps: int | None = None,
+    downdate: str = "exact",
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -346,6 +358,10 @@ def fused_recurrent_vla(
         from (memory ``⌈T/C⌉`` states per (b, h); rounding of the in-chunk reversal grows with C).
     block_v : value rows per program (power of two ≥ 16; default: fill the SMs).
     num_warps : warps per forward program (default 4, or 8 for large heads).
+    downdate : the forward's Sherman–Morrison downdate of ``A``: ``"exact"`` (default; each
+        ``s_i s_j / δ`` a correctly rounded division, the oracle's order) or ``"fma"``
+        (``A − h hᵀ``, ``h = s/√δ``, one fused multiply-add per entry: fewer instructions, a
+        different rounding).  The backward always recomputes with ``"exact"``.
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -371,8 +387,13 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"block_v must be a power of two >= 16, got {block_v}", "block_v"
         )
+    if downdate not in DOWNDATES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
+        )
     bug = 0 if planted_bug is None else PLANTED_BUGS[planted_bug]
     options = {
+        "downdate": DOWNDATES[downdate],
         "checkpoint_every": int(checkpoint_every),
         "block_v": block_v,
         "num_warps": num_warps,
@@ -390,7 +411,7 @@ class TritonFusedBackend(Backend):
     """Registry name ``triton_fused``: :func:`fused_recurrent_vla` as a spec §4 callable.
 
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
-    ``num_warps``, ``checkpoint_every`` (see :func:`fused_recurrent_vla`).
+    ``num_warps``, ``checkpoint_every``, ``downdate`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -403,7 +424,7 @@ class TritonFusedBackend(Backend):
         differentiable=True,
         max_head_dim=MAX_HEAD_DIM,
         requires=("torch", "triton"),
-        options={"block_v": None, "num_warps": None, "checkpoint_every": 64},
+        options={"block_v": None, "num_warps": None, "checkpoint_every": 64, "downdate": "exact"},
     )
 
     def availability(self) -> str | None:
@@ -439,5 +460,6 @@ class TritonFusedBackend(Backend):
             checkpoint_every=int(self.options["checkpoint_every"]),
             block_v=self.options["block_v"],
             num_warps=self.options["num_warps"],
+            downdate=str(self.options["downdate"]),
         )
         return o, tuple(x.to(q.dtype) for x in state)

@@ -45,6 +45,10 @@ BUG_GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
 BUG_NUDGE_ONE_STEP_LATE = 2  # nudge after step t with (t − 1) % period == 0
 BUG_DK_SIGN = 3  # backward: drop the -S_{t-1}ᵀ de term of dk̂
 
+# The Sherman–Morrison downdate of A (a performance/accuracy trade-off, option ``downdate``).
+DOWNDATE_EXACT = 0  # A − (s_i s_j)/δ, correctly rounded division per entry (the oracle's order)
+DOWNDATE_FMA = 1  # A − h_i h_j, h = s/√δ: one FMA per entry
+
 
 @triton.jit
 def _div(x, y, ACC: tl.constexpr):
@@ -85,6 +89,7 @@ def _vla_step(
     NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr = 0,
 ):
     """One step of spec §2.3 at 0-based token ``t`` (global step ``t + 1``).
 
@@ -115,7 +120,14 @@ def _vla_step(
     # A true (rounded-to-nearest) division of each s_i s_j by δ, as the oracle does: the cheaper
     # (s_i s_j)·(1/δ) rounds three times instead of two and, in ill-conditioned downdates
     # (cond(M) ~ 1e8), left the float32 kernel 2.5x outside the spec §4 budget.
-    A = A - _div(s[:, None] * s[None, :], delta, ACC)
+    if DOWNDATE == 1:  # DOWNDATE_FMA
+        # A − h hᵀ with h = s/√δ: one fused multiply-add per entry (contracted on GPUs), still
+        # exactly symmetric; h carries two roundings (√δ and the division) where the exact
+        # form rounds s_i s_j and the quotient.  Accuracy checked on the GPU, not assumed.
+        h = _div(s, _sqrt(delta, ACC), ACC)
+        A = A - h[:, None] * h[None, :]
+    else:
+        A = A - _div(s[:, None] * s[None, :], delta, ACC)
     if nudge:
         A = tl.where(eye, A + eta, A)
     # Gate from the UPDATED A_t (spec §2.3), by a second pass over A.  The one-pass shortcut
@@ -143,6 +155,78 @@ def _vla_step(
     if NORM_OUT:
         o = _div(o, tl.maximum(zq, out_eps), ACC)
     return A, S, z, o, kh, s, ah, e, delta_raw, delta, rd, anorm, knorm, zq
+
+
+@triton.jit
+def _vla_step_t(
+    At,
+    St,
+    z,
+    q,
+    k,
+    v,
+    u,
+    t,
+    eye,
+    nudge_period,
+    nudge_eta,
+    sm_floor,
+    out_eps,
+    norm_eps,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+):
+    """The step of :func:`_vla_step` on transposed tiles, for the forward kernel.
+
+    ``At[j, i] = A[i, j]`` ``[BK, BK]`` and ``St[j, r] = S[r, j]`` ``[BK, BV]`` (the layout of
+    fla's ``h [K, V]``).  Every matrix-vector product of the step, ``A u``, ``A k̂``, ``S k̂`` and
+    ``S q``, is then a sum down axis 0.  Why: Triton lays a tile's columns across the 32 lanes of
+    a warp, so a sum along axis 1 costs a 5-level shuffle butterfly *per row a thread holds*
+    (~500 SHFL per step in the SASS of :func:`_vla_step` at BK = 64), where a sum along axis 0
+    is a thread-local chain of adds plus one cross-warp exchange.  Same mathematics, same
+    rounding order per entry; returns ``(At, St, z, o)``.
+    """
+    knorm = _sqrt(tl.sum(k * k, axis=0), ACC)
+    kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
+    s = tl.sum(At * u[:, None], axis=0)  # s_i = Σ_j A_ij u_j
+    Ak = tl.sum(At * kh[:, None], axis=0)  # only for the planted bug (dead code otherwise)
+    delta_raw = 1.0 + tl.sum(u * s, axis=0)
+    delta = tl.maximum(delta_raw, sm_floor)
+    if BUG == 2:
+        step = t
+    else:
+        step = t + 1
+    nudge = (step % nudge_period == 0) & (step > 0)
+    eta = tl.where(nudge, nudge_eta, 0.0)
+    if DOWNDATE == 1:  # DOWNDATE_FMA
+        h = _div(s, _sqrt(delta, ACC), ACC)
+        At = At - h[:, None] * h[None, :]
+    else:
+        At = At - _div(s[:, None] * s[None, :], delta, ACC)
+    if nudge:
+        At = tl.where(eye, At + eta, At)
+    if BUG == 1:
+        alpha = Ak
+    else:
+        alpha = tl.sum(At * kh[:, None], axis=0)  # α_i = Σ_j A_t[i, j] k̂_j
+    anorm = _sqrt(tl.sum(alpha * alpha, axis=0), ACC)
+    if NORM_GATE:
+        ah = _div(alpha, tl.maximum(anorm, norm_eps), ACC)
+    else:
+        ah = alpha
+    Sk = tl.sum(St * kh[:, None], axis=0)  # [BV]
+    Sq = tl.sum(St * q[:, None], axis=0)
+    e = v - Sk
+    St = St + ah[:, None] * e[None, :]
+    z = z + k
+    o = Sq + e * tl.sum(ah * q, axis=0)
+    zq = tl.sum(z * q, axis=0)
+    if NORM_OUT:
+        o = _div(o, tl.maximum(zq, out_eps), ACC)
+    return At, St, z, o
 
 
 @triton.jit
@@ -189,6 +273,8 @@ def vla_fwd_kernel(
     NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr = 0,
+    TRANSPOSED: tl.constexpr = 0,
 ):
     """Forward of spec §2.3 over all T tokens for one (b, h) and value block.
 
@@ -207,18 +293,27 @@ def vla_fwd_kernel(
     mk = ok < DK
     mv = ov < DV
     m_kk = mk[:, None] & mk[None, :]
-    m_vk = mv[:, None] & mk[None, :]
     eye = (ok[:, None] == ok[None, :]) & m_kk
     lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
 
-    off_kk = ok[:, None] * DK + ok[None, :]
-    off_vk = ov[:, None] * DK + ok[None, :]
+    if TRANSPOSED:
+        # Registers hold Aᵀ and Sᵀ (see _vla_step_t): tile [j, i] reads A[i, j].
+        m_vk = mk[:, None] & mv[None, :]
+        off_kk = ok[None, :] * DK + ok[:, None]
+        off_vk = ov[None, :] * DK + ok[:, None]
+    else:
+        m_vk = mv[:, None] & mk[None, :]
+        off_kk = ok[:, None] * DK + ok[None, :]
+        off_vk = ov[:, None] * DK + ok[None, :]
     if HAS_INIT:
         S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
         A = tl.load(a0_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
         z = tl.load(z0_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
     else:
-        S = tl.zeros([BV, BK], dtype=ACC)
+        if TRANSPOSED:
+            S = tl.zeros([BK, BV], dtype=ACC)
+        else:
+            S = tl.zeros([BV, BK], dtype=ACC)
         A = tl.where(eye, _div(1.0, lam, ACC), 0.0).to(ACC)
         z = tl.zeros([BK], dtype=ACC)
 
@@ -252,26 +347,50 @@ def vla_fwd_kernel(
                 if i_v == 0:
                     tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
                     tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        A, S, z, o, _kh, _s, _ah, _e, _dr, _d, _rd, _an, _kn, _zq = _vla_step(
-            A,
-            S,
-            z,
-            q_t,
-            k_t,
-            v_t,
-            u_t,
-            t,
-            eye,
-            nudge_period,
-            nudge_eta,
-            sm_floor,
-            out_eps,
-            norm_eps,
-            NORM_GATE,
-            NORM_OUT,
-            ACC,
-            BUG,
-        )
+        if TRANSPOSED:
+            A, S, z, o = _vla_step_t(
+                A,
+                S,
+                z,
+                q_t,
+                k_t,
+                v_t,
+                u_t,
+                t,
+                eye,
+                nudge_period,
+                nudge_eta,
+                sm_floor,
+                out_eps,
+                norm_eps,
+                NORM_GATE,
+                NORM_OUT,
+                ACC,
+                BUG,
+                DOWNDATE,
+            )
+        else:
+            A, S, z, o, _kh, _s, _ah, _e, _dr, _d, _rd, _an, _kn, _zq = _vla_step(
+                A,
+                S,
+                z,
+                q_t,
+                k_t,
+                v_t,
+                u_t,
+                t,
+                eye,
+                nudge_period,
+                nudge_eta,
+                sm_floor,
+                out_eps,
+                norm_eps,
+                NORM_GATE,
+                NORM_OUT,
+                ACC,
+                BUG,
+                DOWNDATE,
+            )
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
     if i_v == 0:
@@ -316,6 +435,7 @@ def vla_bwd_kernel(
     NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr = 0,
 ):
     """Backward of spec §2.3 for one (b, h): gradients of q, k, v, u ``[B, T, H, D]`` (input
     dtype) and of the initial state ``(S_0, A_0, z_0)`` (``ACC``), given ``do`` and the gradients
