@@ -106,6 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         device=args.device,
         max_examples=args.max_examples,
         seed=args.seed,
+        chunk_size=args.chunk_size,
         progress=bar,
     )
     bar.close()
@@ -378,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-examples", type=int, default=100)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        metavar="C",
+        help="declare a chunked implementation's chunk length: its sums run over dk + C terms, "
+        "and the float32/float64 floor of the error budget grows with them",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_options(p)
     p.set_defaults(func=cmd_check)

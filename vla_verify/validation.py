@@ -104,11 +104,14 @@ class ValidationReport:
     seed: int | None
     elapsed_s: float
     name: str = "fn"
+    chunk_size: int | None = None  # the declared chunk length of a chunked implementation
 
     def summary(self) -> str:
         head = (
             f"{self.name}: {'PASSED' if self.passed else 'FAILED'} — variant={self.variant} "
-            f"array={self.array} dtype={self.dtype} device={self.device}; {self.examples} "
+            f"array={self.array} dtype={self.dtype} device={self.device}"
+            + ("" if self.chunk_size is None else f" chunk_size={self.chunk_size}")
+            + f"; {self.examples} "
             f"examples ({self.rejected} outside the precision's envelope), seed={self.seed}, "
             f"{self.elapsed_s:.1f} s; worst error/budget on passing examples "
             f"{self.worst_ratio:.3g}"
@@ -244,6 +247,7 @@ def evaluate_case(
     device: str = "cpu",
     factor: float = DEFAULT_FACTOR,
     check_carry: bool = True,
+    chunk_size: int | None = None,
 ) -> tuple[Failure | None, float] | None:
     """Check ``fn`` on one case.  Returns ``(failure or None, worst error/budget)``, or ``None``
     when the oracle itself is not finite in ``fn``'s precision (the case lies outside that
@@ -297,6 +301,9 @@ def evaluate_case(
         "z": [r.state[2] for r in base_runs],
     }
     scales = _history_scales(ref.history, seen_state, seen[0], config)
+    # The floor's summation length (error_model.py): the recurrence's longest inner product has
+    # dk terms; a chunked form also sums over up to C tokens of its chunk (spec §5).
+    terms = dk + (chunk_size or 0)
     comparisons = []
     for name, x in outputs.items():
         problem = _check_array(x, array, name)
@@ -316,7 +323,7 @@ def evaluate_case(
                 dtype,
                 factor=factor,
                 scale=scales.get(name),
-                terms=dk,
+                terms=terms,
             )
         )
     bad = [c for c in comparisons if not c.passed]
@@ -359,7 +366,7 @@ def evaluate_case(
                 "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}", case
             ), np.inf
         carry = compare(
-            "o", joined, ref.o, bases["o"], dtype, factor=factor, scale=scales["o"], terms=dk
+            "o", joined, ref.o, bases["o"], dtype, factor=factor, scale=scales["o"], terms=terms
         )
         if not carry.passed:
             return Failure(
@@ -406,6 +413,7 @@ def validate(
     factor: float = DEFAULT_FACTOR,
     bounds: ShapeBounds | None = None,
     check_carry: bool = True,
+    chunk_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ValidationReport:
     """Check ``fn`` (spec §4) against the float64 oracle on Hypothesis-generated inputs.
@@ -423,6 +431,11 @@ def validate(
     factor : the spec §4 factor over the same-precision oracle's error (default 2).
     bounds : largest sizes to draw (:class:`~vla_verify.properties.strategies.ShapeBounds`).
     check_carry : also check state carry when ``fn`` returns a state.
+    chunk_size : for a chunked implementation (spec §5), its chunk length ``C``: its inner
+        products run over up to ``dk + C`` terms instead of the recurrence's ``dk``, and the
+        float32/float64 floor of :mod:`vla_verify.error_model` grows accordingly (the factor
+        does not change).  A bound registry backend with a ``chunk_size`` option declares it
+        itself.
     progress : called as ``progress(examples_done, max_examples)``.
 
     Returns
@@ -450,6 +463,11 @@ def validate(
 
         def support(shapes: Shapes) -> str | None:
             return backend.check_support(config, shapes, dtype, device)
+
+        if chunk_size is None:
+            chunk_size = backend.options.get("chunk_size")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise VLAInputError("chunk_size", f"expected a positive integer, got {chunk_size!r}")
 
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -480,6 +498,7 @@ def validate(
             device=device,
             factor=factor,
             check_carry=check_carry,
+            chunk_size=chunk_size,
         )
         counters["examples"] += 1
         if progress is not None:
@@ -520,4 +539,5 @@ def validate(
         seed=seed,
         elapsed_s=time.perf_counter() - start,
         name=name if isinstance(name, str) else repr(fn),
+        chunk_size=chunk_size,
     )
