@@ -51,9 +51,6 @@ _NEVER = 2**31 - 1  # nudge period meaning "never" (t + 1 < 2**31 for any T we c
 _NAME = "triton_fused"
 
 #: Planted bugs for the meta-tests (``planted_bug=`` of :func:`fused_recurrent_vla`).
-#: The forward holds Aᵀ and Sᵀ (kernels._vla_step_t); 0 selects the untransposed step (A/B runs).
-_FORWARD_TRANSPOSED = 1
-
 #: The forward's Sherman–Morrison downdate variants (kernel constexpr ``DOWNDATE``).
 DOWNDATES: dict[str, int] = {"exact": kernels.DOWNDATE_EXACT, "fma": kernels.DOWNDATE_FMA}
 
@@ -113,7 +110,10 @@ def _default_block_v(B: int, H: int, dv: int, device: torch.device) -> int:
 
 
 def _default_warps(bk: int, bv: int) -> int:
-    return 8 if bk * (bk + bv) >= 128 * 128 else 4
+    """Warps per forward program, from the H200 A/B (benchmarks/results/h200/variants.json):
+    the step is a chain of dependent reductions, and fewer warps mean cheaper cross-warp
+    exchanges; 4 warps are the fewest that hold a 128×128 ``A`` without spilling."""
+    return 4 if bk * (bk + bv) > 64 * (64 + 64) else 2
 
 
 def _check_run(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -207,7 +207,6 @@ def _forward(
         ACC=acc_tl,
         BUG=bug,
         DOWNDATE=downdate,
-        TRANSPOSED=_FORWARD_TRANSPOSED,
         num_warps=num_warps or _default_warps(bk, bv),
     )
     return o, (sT, aT, zT), ck
@@ -320,6 +319,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             NORM_OUT=config.normalize_output,
             ACC=acc_tl,
             BUG=options["bug"],
+            DOWNDATE=options["downdate"],
             num_warps=options.get("bwd_num_warps") or (16 if bk >= 128 else 8 if bk >= 64 else 4),
         )
         grads_state: tuple[torch.Tensor | None, ...] = (None, None, None)
@@ -341,7 +341,7 @@ def fused_recurrent_vla(
     checkpoint_every: int = 64,
     block_v: int | None = None,
     num_warps: int | None = None,
-    downdate: str = "exact",
+    downdate: str = "fma",
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -357,11 +357,14 @@ def fused_recurrent_vla(
     checkpoint_every : C, tokens between the state checkpoints that the backward recomputes
         from (memory ``⌈T/C⌉`` states per (b, h); rounding of the in-chunk reversal grows with C).
     block_v : value rows per program (power of two ≥ 16; default: fill the SMs).
-    num_warps : warps per forward program (default 4, or 8 for large heads).
-    downdate : the forward's Sherman–Morrison downdate of ``A``: ``"exact"`` (default; each
-        ``s_i s_j / δ`` a correctly rounded division, the oracle's order) or ``"fma"``
-        (``A − h hᵀ``, ``h = s/√δ``, one fused multiply-add per entry: fewer instructions, a
-        different rounding).  The backward always recomputes with ``"exact"``.
+    num_warps : warps per forward program (default 2, or 4 when dk = 128).
+    downdate : the forward's Sherman–Morrison downdate of ``A``: ``"fma"`` (default;
+        ``fma(−s_i s_j, 1/δ, A)``, a multiply and a fused multiply-add per entry, the oracle's
+        error bound) or ``"exact"`` (each ``s_i s_j / δ`` a correctly rounded division, the
+        oracle's order of operations; 2-3x slower on the H200, see
+        ``benchmarks/results/h200/variants.json``).  float64 inputs always take ``"exact"``.
+        The backward's recomputation uses the forward's downdate, so that it retraces the
+        forward's rounding.
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -393,7 +396,9 @@ def fused_recurrent_vla(
         )
     bug = 0 if planted_bug is None else PLANTED_BUGS[planted_bug]
     options = {
-        "downdate": DOWNDATES[downdate],
+        # float64 is the reference-grade path: it keeps the oracle's order of operations (the
+        # fma form left float64 gradients 1.3x outside their error budget in the tests).
+        "downdate": kernels.DOWNDATE_EXACT if q.dtype == torch.float64 else DOWNDATES[downdate],
         "checkpoint_every": int(checkpoint_every),
         "block_v": block_v,
         "num_warps": num_warps,
@@ -424,7 +429,7 @@ class TritonFusedBackend(Backend):
         differentiable=True,
         max_head_dim=MAX_HEAD_DIM,
         requires=("torch", "triton"),
-        options={"block_v": None, "num_warps": None, "checkpoint_every": 64, "downdate": "exact"},
+        options={"block_v": None, "num_warps": None, "checkpoint_every": 64, "downdate": "fma"},
     )
 
     def availability(self) -> str | None:

@@ -47,7 +47,7 @@ BUG_DK_SIGN = 3  # backward: drop the -S_{t-1}ᵀ de term of dk̂
 
 # The Sherman–Morrison downdate of A (a performance/accuracy trade-off, option ``downdate``).
 DOWNDATE_EXACT = 0  # A − (s_i s_j)/δ, correctly rounded division per entry (the oracle's order)
-DOWNDATE_FMA = 1  # A − h_i h_j, h = s/√δ: one FMA per entry
+DOWNDATE_FMA = 1  # fma(−s_i s_j, 1/δ, A): a multiply and one FMA per entry
 
 
 @triton.jit
@@ -120,12 +120,8 @@ def _vla_step(
     # A true (rounded-to-nearest) division of each s_i s_j by δ, as the oracle does: the cheaper
     # (s_i s_j)·(1/δ) rounds three times instead of two and, in ill-conditioned downdates
     # (cond(M) ~ 1e8), left the float32 kernel 2.5x outside the spec §4 budget.
-    if DOWNDATE == 1:  # DOWNDATE_FMA
-        # A − h hᵀ with h = s/√δ: one fused multiply-add per entry (contracted on GPUs), still
-        # exactly symmetric; h carries two roundings (√δ and the division) where the exact
-        # form rounds s_i s_j and the quotient.  Accuracy checked on the GPU, not assumed.
-        h = _div(s, _sqrt(delta, ACC), ACC)
-        A = A - h[:, None] * h[None, :]
+    if DOWNDATE == 1:  # DOWNDATE_FMA, see _vla_step_t
+        A = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), A)
     else:
         A = A - _div(s[:, None] * s[None, :], delta, ACC)
     if nudge:
@@ -158,6 +154,19 @@ def _vla_step(
 
 
 @triton.jit
+def _add_pair(a0, b0, a1, b1):
+    """Combine function of a two-output sum (:func:`_sum_pair`)."""
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _sum_pair(a, b, axis: tl.constexpr):
+    """``(tl.sum(a, axis), tl.sum(b, axis))`` in ONE reduction: one round of shuffles and one
+    cross-warp exchange for both, where two ``tl.sum`` calls pay for two."""
+    return tl.reduce((a, b), axis, _add_pair)
+
+
+@triton.jit
 def _vla_step_t(
     At,
     St,
@@ -186,13 +195,22 @@ def _vla_step_t(
     ``S q``, is then a sum down axis 0.  Why: Triton lays a tile's columns across the 32 lanes of
     a warp, so a sum along axis 1 costs a 5-level shuffle butterfly *per row a thread holds*
     (~500 SHFL per step in the SASS of :func:`_vla_step` at BK = 64), where a sum along axis 0
-    is a thread-local chain of adds plus one cross-warp exchange.  Same mathematics, same
-    rounding order per entry; returns ``(At, St, z, o)``.
+    is a thread-local chain of adds plus one cross-warp exchange.  Independent sums share one
+    reduction (:func:`_sum_pair`), so the step's critical path is five reductions: ``(‖k‖²,
+    z_tᵀq)``, ``A u``, ``uᵀs``, ``A_t k̂``, ``(‖α‖², αᵀq)``; ``(S k̂, S q)`` runs beside them.
+    Same mathematics as :func:`_vla_step` (the gate is still a second pass, over the updated
+    ``A_t``); returns ``(At, St, z, o)``.
     """
-    knorm = _sqrt(tl.sum(k * k, axis=0), ACC)
+    z = z + k
+    kk, zq = _sum_pair(k * k, z * q, 0)
+    knorm = _sqrt(kk, ACC)
     kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
-    s = tl.sum(At * u[:, None], axis=0)  # s_i = Σ_j A_ij u_j
-    Ak = tl.sum(At * kh[:, None], axis=0)  # only for the planted bug (dead code otherwise)
+    if BUG == 1:
+        s, Ak = _sum_pair(At * u[:, None], At * kh[:, None], 0)  # A_{t-1} u, A_{t-1} k̂
+    else:
+        s = tl.sum(At * u[:, None], axis=0)  # s_i = Σ_j A_ij u_j
+        Ak = s  # unused
+    Sk, Sq = _sum_pair(St * kh[:, None], St * q[:, None], 0)  # [BV] each
     delta_raw = 1.0 + tl.sum(u * s, axis=0)
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -202,8 +220,13 @@ def _vla_step_t(
     nudge = (step % nudge_period == 0) & (step > 0)
     eta = tl.where(nudge, nudge_eta, 0.0)
     if DOWNDATE == 1:  # DOWNDATE_FMA
-        h = _div(s, _sqrt(delta, ACC), ACC)
-        At = At - h[:, None] * h[None, :]
+        # A − (s_i s_j)·(1/δ) in one explicit fused multiply-add (tl.fma rounds once on the GPU
+        # and in the interpreter alike): the term carries the roundings of s_i s_j and 1/δ, the
+        # result one more — the same error bound as the oracle's fl(A − fl(s_i s_j)/δ), with a
+        # multiply and an FMA per entry instead of a correctly rounded division.  Still exactly
+        # symmetric.  (A − h hᵀ with h = s/√δ was cheaper by one multiply but carries four
+        # roundings in the term; it failed validate in a dk = 1 ill-conditioned downdate.)
+        At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
     if nudge:
@@ -212,18 +235,18 @@ def _vla_step_t(
         alpha = Ak
     else:
         alpha = tl.sum(At * kh[:, None], axis=0)  # α_i = Σ_j A_t[i, j] k̂_j
-    anorm = _sqrt(tl.sum(alpha * alpha, axis=0), ACC)
+    aa, aq = _sum_pair(alpha * alpha, alpha * q, 0)
+    anorm = _sqrt(aa, ACC)
+    e = v - Sk
     if NORM_GATE:
-        ah = _div(alpha, tl.maximum(anorm, norm_eps), ACC)
+        rn = tl.maximum(anorm, norm_eps)
+        ah = _div(alpha, rn, ACC)
+        ahq = _div(aq, rn, ACC)
     else:
         ah = alpha
-    Sk = tl.sum(St * kh[:, None], axis=0)  # [BV]
-    Sq = tl.sum(St * q[:, None], axis=0)
-    e = v - Sk
+        ahq = aq
     St = St + ah[:, None] * e[None, :]
-    z = z + k
-    o = Sq + e * tl.sum(ah * q, axis=0)
-    zq = tl.sum(z * q, axis=0)
+    o = Sq + e * ahq
     if NORM_OUT:
         o = _div(o, tl.maximum(zq, out_eps), ACC)
     return At, St, z, o
@@ -274,7 +297,6 @@ def vla_fwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr = 0,
-    TRANSPOSED: tl.constexpr = 0,
 ):
     """Forward of spec §2.3 over all T tokens for one (b, h) and value block.
 
@@ -296,24 +318,16 @@ def vla_fwd_kernel(
     eye = (ok[:, None] == ok[None, :]) & m_kk
     lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
 
-    if TRANSPOSED:
-        # Registers hold Aᵀ and Sᵀ (see _vla_step_t): tile [j, i] reads A[i, j].
-        m_vk = mk[:, None] & mv[None, :]
-        off_kk = ok[None, :] * DK + ok[:, None]
-        off_vk = ov[None, :] * DK + ok[:, None]
-    else:
-        m_vk = mv[:, None] & mk[None, :]
-        off_kk = ok[:, None] * DK + ok[None, :]
-        off_vk = ov[:, None] * DK + ok[None, :]
+    # Registers hold Aᵀ and Sᵀ (see _vla_step_t): tile [j, i] reads A[i, j], tile [j, r] S[r, j].
+    m_vk = mk[:, None] & mv[None, :]
+    off_kk = ok[None, :] * DK + ok[:, None]
+    off_vk = ov[None, :] * DK + ok[:, None]
     if HAS_INIT:
         S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
         A = tl.load(a0_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
         z = tl.load(z0_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
     else:
-        if TRANSPOSED:
-            S = tl.zeros([BK, BV], dtype=ACC)
-        else:
-            S = tl.zeros([BV, BK], dtype=ACC)
+        S = tl.zeros([BK, BV], dtype=ACC)
         A = tl.where(eye, _div(1.0, lam, ACC), 0.0).to(ACC)
         z = tl.zeros([BK], dtype=ACC)
 
@@ -347,50 +361,27 @@ def vla_fwd_kernel(
                 if i_v == 0:
                     tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
                     tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        if TRANSPOSED:
-            A, S, z, o = _vla_step_t(
-                A,
-                S,
-                z,
-                q_t,
-                k_t,
-                v_t,
-                u_t,
-                t,
-                eye,
-                nudge_period,
-                nudge_eta,
-                sm_floor,
-                out_eps,
-                norm_eps,
-                NORM_GATE,
-                NORM_OUT,
-                ACC,
-                BUG,
-                DOWNDATE,
-            )
-        else:
-            A, S, z, o, _kh, _s, _ah, _e, _dr, _d, _rd, _an, _kn, _zq = _vla_step(
-                A,
-                S,
-                z,
-                q_t,
-                k_t,
-                v_t,
-                u_t,
-                t,
-                eye,
-                nudge_period,
-                nudge_eta,
-                sm_floor,
-                out_eps,
-                norm_eps,
-                NORM_GATE,
-                NORM_OUT,
-                ACC,
-                BUG,
-                DOWNDATE,
-            )
+        A, S, z, o = _vla_step_t(
+            A,
+            S,
+            z,
+            q_t,
+            k_t,
+            v_t,
+            u_t,
+            t,
+            eye,
+            nudge_period,
+            nudge_eta,
+            sm_floor,
+            out_eps,
+            norm_eps,
+            NORM_GATE,
+            NORM_OUT,
+            ACC,
+            BUG,
+            DOWNDATE,
+        )
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
     if i_v == 0:
@@ -519,6 +510,7 @@ def vla_bwd_kernel(
                 NORM_OUT,
                 ACC,
                 0,
+                DOWNDATE,
             )
             row = vec + j * W
             tl.store(row + ok, kh)
