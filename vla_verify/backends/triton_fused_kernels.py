@@ -229,8 +229,9 @@ def _vla_step_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    if nudge:
-        At = tl.where(eye, At + eta, At)
+    # Branch-free nudge (eta = 0 off the period): a tile-valued `if` keeps two copies of A live,
+    # which spilled registers at BK = 128.
+    At = At + tl.where(eye, eta, 0.0)
     if BUG == 1:
         alpha = Ak
     else:
