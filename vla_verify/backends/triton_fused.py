@@ -97,14 +97,19 @@ def _params(config: VLAConfig, dtype: torch.dtype, device: torch.device) -> torc
     )
 
 
-def _default_block_v(B: int, H: int, dv: int, device: torch.device) -> int:
+def _default_block_v(B: int, H: int, dk: int, dv: int, device: torch.device) -> int:
     """Value rows per program: split dv until B·H·NV programs fill the SMs (each program redoes
-    the dk×dk penalty chain, which costs no wall time while SMs would otherwise idle)."""
+    the dk×dk penalty chain, which costs no wall time while SMs would otherwise idle).
+
+    Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the BK = 128 forward with 16 rows
+    compiled to a spilling kernel, 129 ms against 19.4 ms with 32 rows at T = 4096
+    (``benchmarks/results/h200/fused.json``, ``tuning``)."""
     bv = _pow2(dv)
     if device.type != "cuda" or interpreted():
         return bv
+    least = 32 if dk > 64 else 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    while bv > 16 and B * H * triton.cdiv(dv, bv // 2) <= sms:
+    while bv > least and B * H * triton.cdiv(dv, bv // 2) <= sms:
         bv //= 2
     return bv
 
@@ -158,7 +163,7 @@ def _forward(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     bk = _pow2(dk)
-    bv = block_v if block_v is not None else _default_block_v(B, H, dv, dev)
+    bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     sT = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
