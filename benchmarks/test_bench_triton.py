@@ -20,22 +20,11 @@ pytest.importorskip("pytest_benchmark")
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("benchmarks need a CUDA GPU", allow_module_level=True)
 
-from vla_verify.bench import _inputs, make_ops  # noqa: E402
+from vla_verify.bench import DeviceClock, _inputs, make_ops  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]
 
 GRID = [(D, T) for D in (64, 128) for T in (1024, 4096, 16384)]
-
-
-class _DeviceClock:
-    """A pytest-benchmark timer that advances by the last do_bench median (seconds), so that
-    pytest-benchmark's statistics are device-time statistics."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
@@ -47,12 +36,12 @@ def test_vla_triton_fused(benchmark, D: int, T: int, mode: str) -> None:
     fn = make_ops(x)["vla_triton_fused", mode]
     fn()  # compile and warm up before any timing
     torch.cuda.synchronize()
-    clock = _DeviceClock()
+    clock = DeviceClock()
     benchmark._timer = clock  # pytest-benchmark reads durations from this timer
 
     def one_round() -> None:
         ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        clock.now += ms / 1e3
+        clock.advance(ms / 1e3)
 
     benchmark.extra_info.update(
         {"B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16", "mode": mode}

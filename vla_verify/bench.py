@@ -35,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "OPS",
+    "DeviceClock",
     "Record",
     "add_arguments",
     "format_table",
@@ -107,6 +108,21 @@ def machine_info() -> dict[str, Any]:
     except Exception as exc:  # fla is optional; record why it is missing
         info["fla"] = f"unavailable ({type(exc).__name__})"
     return info
+
+
+class DeviceClock:
+    """A pytest-benchmark timer that reads device time: it advances only when told to (by the
+    last ``do_bench`` median, in seconds), so that pytest-benchmark's statistics — and its
+    ``--benchmark-compare-fail`` gate — are about GPU time, not host time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def time_ms(fn: Callable[[], Any], *, smoke: bool = False) -> float:
