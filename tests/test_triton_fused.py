@@ -103,6 +103,29 @@ def test_validate_other_dtypes(dtype: str) -> None:
     assert report.passed, report.summary()
 
 
+def test_validate_exact_downdate() -> None:
+    """The ``exact`` downdate (correctly rounded divisions) is the other supported path."""
+    report = validate(
+        _backend().bind(downdate="exact"),
+        config=VLAConfig(nudge_period=3, normalize_gate=False),
+        array="torch",
+        dtype="float32",
+        device=DEVICE,
+        max_examples=6,
+        seed=11,
+        bounds=SMALL,
+    )
+    assert report.passed, report.summary()
+
+
+def test_refuses_unknown_downdate() -> None:
+    tf = _fused()
+    x = [torch.ones(1, 2, 1, 2, device=DEVICE) for _ in range(4)]
+    with pytest.raises(UnsupportedConfigurationError, match="downdate") as info:
+        tf.fused_recurrent_vla(*x, downdate="sloppy")
+    assert info.value.argument == "downdate"
+
+
 def _case(seed: int, B=1, T=13, H=2, dk=5, dv=3, state=True) -> Case:
     rng = np.random.default_rng(seed)
     q = np.abs(rng.standard_normal((B, T, H, dk))) + 0.1
