@@ -8,22 +8,27 @@ out below.
 Organisation (see ``benchmarks/NOTES_triton.md`` for the cost model behind it)
 ------------------------------------------------------------------------------
 Forward, :func:`vla_fwd_kernel`: grid ``(NV, B·H)``.  One program runs *all* T steps of one
-(batch, head) for one block of ``BV`` value rows: ``A`` ``[BK, BK]``, the ``S`` rows
-``[BV, BK]`` and ``z`` ``[BK]`` stay in registers for the whole sequence, in float32 (float64 for
-float64 inputs).  The penalty chain ``A`` is shared by all value blocks and is recomputed by each
-of them: at B·H = 16 the chip has 132 SMs, so splitting the value rows over NV programs costs no
-wall time for the redundant chain and divides the ``S`` work by NV.
+(batch, head) for one block of ``BV`` value rows: ``Aᵀ`` ``[BK, BK]``, ``Sᵀ`` ``[BK, BV]`` and ``z``
+``[BK]`` stay in registers for the whole sequence, in float32 (float64 for float64 inputs).  The
+penalty chain ``A`` is shared by all value blocks and is recomputed by each of them: at
+B·H = 16 the chip has 132 SMs, so splitting the value rows over NV programs costs no wall time
+for the redundant chain and divides the ``S`` work by NV.
 
-Per token the step is reorganised (same mathematics as spec §2.3) to shorten the chain of
-dependent reductions:
+The step (:func:`_vla_step_t`) is a chain of dependent reductions, and its cost on the H200 is
+their latency, not arithmetic (``benchmarks/NOTES_triton.md``).  Four choices shorten it:
 
-- one pass over ``A_{t-1}`` gives both ``s = A_{t-1} u`` and ``A_{t-1} k̂``; the gate from the
-  UPDATED ``A_t`` is then ``α = A_{t-1} k̂ − s (sᵀk̂)/δ + η_t k̂``, identical in exact arithmetic
-  to ``A_t k̂`` because ``A_t = A_{t-1} − s sᵀ/δ + η_t I``;
-- one pass over ``S_{t-1}`` gives ``S_{t-1} k̂`` and ``S_{t-1} q`` before the gate is known, and
-  the read-out is ``S_t q = S_{t-1} q + e (α̂ᵀq)``;
-- the next token's ``q, k, v, u`` are loaded one iteration ahead (software prefetch), so the
-  global-memory latency overlaps the current step instead of stalling every step.
+- the tiles are held transposed, so that ``A u``, ``A k̂``, ``S k̂`` and ``S q`` are sums down
+  axis 0 (thread-local adds and one cross-warp exchange) instead of per-row shuffle butterflies;
+- independent sums share one reduction (:func:`_sum_pair`): ``(‖k‖², z_tᵀq)``, ``(S k̂, S q)``,
+  ``(‖α‖², αᵀq)`` — the read-out is ``S_t q = S_{t-1} q + e (αᵀq)/‖α‖``;
+- the downdate ``A − (s_i s_j)/δ`` is one ``tl.fma`` per entry by default (``DOWNDATE``), the
+  oracle's error bound without a correctly rounded division per entry;
+- the next token's ``q, k, v, u`` are loaded one iteration ahead (software prefetch).
+
+The gate is still formed from the UPDATED ``A_t`` by a second pass (spec §2.3): the one-pass
+shortcut ``A_{t-1}k̂ − s(sᵀk̂)/δ`` cancels at the scale of ``|A_{t-1}k̂|`` and failed the spec §4
+budget on an ill-conditioned downdate.  :func:`_vla_step` is the same step on untransposed
+tiles; the backward, which needs ``S`` and ``A`` row-wise, uses it.
 
 Backward, :func:`vla_bwd_kernel`: grid ``(B·H,)``, chunks of ``C`` tokens in reverse.  For each
 chunk it reloads the checkpoint of ``(S, A, z)`` that the forward stored at the chunk start,
