@@ -2,9 +2,9 @@
 
 This is the *chunk* half of flash-linear-attention's naive/chunk split.  The sequence is cut into
 chunks of ``C`` tokens (``chunk_size`` ∈ {16, 32, 64}); inside a chunk every token-to-token
-dependency is one batched matrix product or one triangular solve, and only the ``T / C``
-chunk-to-chunk steps of the state ``S`` remain a Python loop.  Everything is ``torch`` ops, so
-autograd differentiates it through ``q, k, v, u`` and the initial state.
+dependency is one batched matrix product, one factorisation or one triangular solve, and only
+the ``T / C`` chunk-to-chunk steps of the state ``S`` remain a Python loop.  Everything is
+``torch`` ops, so autograd differentiates it through ``q, k, v, u`` and the initial state.
 
 Within one chunk, rows are tokens (``U``, ``K̂``, ``Q`` ``[C, dk]``, ``V`` ``[C, dv]``) and the
 chunk starts from ``(S_0, A_0)``:
@@ -19,20 +19,23 @@ Penalty chain (spec §5, Woodbury / LDLᵀ).
     gates at once: ``α_tᵀ = k̂_tᵀ A_0ᵀ − Σ_{j≤t} (k̂_tᵀ w_j / d_j) w_jᵀ`` — a causally masked product
     — and the chunk ends at ``A_C = A_0 − Wᵀ D^{-1} W`` (+ ``nudge_eta·I`` when the nudge period
     ends the chunk; the last gate of that chunk then sees the nudge too: ``α_C += nudge_eta·k̂_C``).
+    When no pivot is floored, the Cholesky factor ``R = L D^{1/2}`` is used as it is:
+    ``R^{-1} Y`` has rows ``w_jᵀ / √d_j``, so ``W D^{-1} Wᵀ``-type sums need no division.
 
     Without nudges and from the default ``A_0 = I/lambda0``, ``M = A^{-1}`` at chunk starts is a
     prefix sum, ``M_c = lambda0·I + Σ_{c' < c} U_{c'}ᵀ U_{c'}``, so the chunk-start ``A`` of every
     chunk comes from one batched Cholesky inverse and the whole penalty chain runs in parallel
-    across chunks (:func:`_penalty_prefix`).  Otherwise it runs chunk after chunk
-    (:func:`_penalty_serial`).
+    across chunks (:func:`_penalty_prefix`; only the last chunk's end ``A`` is formed).
+    Otherwise it runs chunk after chunk (:func:`_penalty_serial`).
 
 State chain (spec §5, UT/WY form).
     Residuals ``e_t = v_t − S_{t-1} k̂_t`` solve ``(I + N) E = V − K̂ S_0ᵀ`` with
     ``N = tril(K̂ Âᵀ, −1)`` (rows: the transpose of the spec's strictly upper ``N``); then
     ``O = Q S_0ᵀ + tril(Q Âᵀ) E`` (before the read-out normaliser) and ``S_C = S_0 + Eᵀ Â``.
-    The unit-triangular solves are done for all chunks at once *before* the loop, against ``V``
-    and ``K̂`` (``Ṽ = (I + N)^{-1} V``, ``K̃ = (I + N)^{-1} K̂``), so that each loop step is
-    ``E = Ṽ − K̃ S_0ᵀ``, ``O = Q S_0ᵀ + P E``, ``S ← S_0 + Eᵀ Â`` — the structure of fla's
+    ``T = (I + N)^{-1}`` is formed for all chunks at once (the UT transform, by batched products:
+    :func:`_unit_lower_inverse`), with ``Ṽ = T V`` and ``K̃ = T K̂``; the loop over chunks then only
+    carries ``E_c = Ṽ_c − K̃_c S_cᵀ`` and ``S_{c+1} = S_c + E_cᵀ Â_c``, and the read-outs
+    ``Q_c S_cᵀ + P_c E_c`` of all chunks are batched products after it — the structure of fla's
     ``chunk_delta_h`` / ``chunk_o``.
 
 Variants: ``vla`` (above), ``delta`` (``Â = K̂``: no penalty chain), ``linear`` (``E = V``,
@@ -51,16 +54,25 @@ re-derives every ``A_t`` of a chunk from the chunk-start ``A_c``, so its roundin
 ``u·||A_{t-1}||`` at each step and damps it afterwards.  When one strong penalty
 (``u_tᵀ A u_t ≫ 1``) shrinks ``A`` by orders of magnitude inside a chunk, a float32 penalty
 chain is far worse than the float32 recurrence (up to ~10³× the spec §4 budget on the
-``concentrated`` penalties of :mod:`vla_verify.properties.strategies`).  The chain costs
-``O(C·dk² + C²·dk)`` per chunk, a fraction of the work, and its float64 error ``u_64·||A_c||``
-is far below float32's.  For float64 inputs the effect remains:
+``concentrated`` penalties of :mod:`vla_verify.properties.strategies`).  Its float64 error
+``u_64·||A_c||`` is far below float32's.  For float64 inputs the effect remains:
 ``tests/test_torch_backends.py`` records it as a known limitation, and the float64 conformance
 run covers the penalty regimes where ``u_tᵀ A u_t`` stays moderate.
+
+Speed (CPU; issue 4, ``benchmarks/test_bench_torch_cpu.py``).  The float64 penalty chain is
+most of the work: per chunk and head, seven ``64 × 64 × 64`` products, two Cholesky
+factorisations and two triangular solves at ``C = dk = 64``.  PyTorch runs a batched Cholesky
+or triangular solve on CPU as one LAPACK call per matrix on one thread, so these calls are few
+and merged where the numbers allow (one solve per chain; none for the UT transform).  With
+autograd off, the intermediates live in a per-thread workspace reused from call to call
+(:class:`_Workspace`): on CPU, fresh multi-MiB tensors page-fault on every call, which costs as
+much as the products that fill them.  ``chunk_size=64`` is the fastest of the three sizes there.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
@@ -68,7 +80,7 @@ import torch
 from ..errors import UnsupportedConfigurationError
 from ..spec import FLOAT_DTYPES, Shapes, VLAConfig
 from .registry import Backend, Capabilities
-from .torch_sequential import check_tensors, normalize, readout, work_dtype
+from .torch_sequential import check_tensors, work_dtype
 
 __all__ = ["CHUNK_SIZES", "TorchChunkedBackend", "chunked", "ldl_clamped"]
 
@@ -81,6 +93,85 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 CHUNKED_VARIANTS: tuple[str, ...] = ("vla", "delta", "linear")
 
 
+# -- workspace ----------------------------------------------------------------------------------
+
+
+class _Workspace(threading.local):
+    """Intermediate tensors kept from one call to the next (per thread) while autograd is off.
+
+    On CPU, a fresh intermediate of a few MiB page-faults on every call (the C allocator hands
+    freed memory back to the OS), and on a small machine that costs about as much as the product
+    that fills it.  Buffers are keyed by the name of their call site and replaced when a shape
+    changes, so at most one call signature's intermediates are held.  What the backend returns
+    never lives here.
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.buffers: dict[str, Tensor] = {}
+
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        columns: bool = False,
+    ) -> Tensor | None:
+        """The buffer ``name`` (``columns``: column-major matrices, as LAPACK writes them), or
+        None when the workspace is off."""
+        if not self.active:
+            return None
+        size = torch.Size(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != size or buf.dtype != dtype or buf.device != device:
+            if columns:
+                buf = torch.empty((*size[:-2], size[-1], size[-2]), dtype=dtype, device=device).mT
+            else:
+                buf = torch.empty(size, dtype=dtype, device=device)
+            self.buffers[name] = buf
+        return buf
+
+
+_WORKSPACE = _Workspace()
+
+
+def _bmm(a: Tensor, b: Tensor, name: str) -> Tensor:
+    """``a @ b`` over equal batch dimensions, into the workspace buffer ``name`` when it is on."""
+    out = _WORKSPACE.get(name, (*a.shape[:-1], b.shape[-1]), a.dtype, a.device)
+    if out is None:
+        return a @ b
+    torch.bmm(a.flatten(0, -3), b.flatten(0, -3), out=out.view(-1, *out.shape[-2:]))
+    return out
+
+
+def _divide(x: Tensor, y: Tensor, name: str, dtype: torch.dtype | None = None) -> Tensor:
+    """``(x / y).to(dtype)`` (broadcast to ``x``'s shape; default dtype ``x``'s), into the
+    workspace buffer ``name`` when it is on (``name`` may be ``x``'s own buffer)."""
+    dtype = x.dtype if dtype is None else dtype
+    out = _WORKSPACE.get(name, x.shape, dtype, x.device)
+    return (x / y).to(dtype) if out is None else torch.div(x, y, out=out)
+
+
+def _cholesky(M: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.cholesky_ex(M)`` (lower factor, ``info``), into the workspace when it is
+    on."""
+    R = _WORKSPACE.get(name, M.shape, M.dtype, M.device, columns=True)
+    if R is None:
+        return torch.linalg.cholesky_ex(M)
+    info = _WORKSPACE.get(name + ".info", M.shape[:-2], torch.int32, M.device)
+    assert info is not None
+    return torch.linalg.cholesky_ex(M, out=(R, info))
+
+
+def _solve_lower(R: Tensor, Y: Tensor, name: str) -> Tensor:
+    """``R^{-1} Y`` for lower triangular ``R``, into the workspace when it is on."""
+    X = _WORKSPACE.get(name, Y.shape, Y.dtype, Y.device, columns=True)
+    if X is None:
+        return torch.linalg.solve_triangular(R, Y, upper=False)
+    return torch.linalg.solve_triangular(R, Y, upper=False, out=X)
+
+
 # -- penalty chain ------------------------------------------------------------------------------
 
 
@@ -91,7 +182,7 @@ def ldl_clamped(M: Tensor, floor: float) -> tuple[Tensor, Tensor]:
     triangular ``[..., n, n]`` and ``d`` ``[..., n]``.  With the clamp this is exactly the chain
     of floored Sherman–Morrison denominators of spec §2.3 (the module docstring), which a plain
     Cholesky factorisation cannot express; it costs ``n`` sequential steps, so it is the fallback
-    of :func:`_ldl`, taken only when some pivot is below the floor.
+    of :func:`_gates`, taken only when some pivot is below the floor.
     """
     n = M.shape[-1]
     rows = torch.arange(n, device=M.device)
@@ -115,7 +206,8 @@ def _ldl(M: Tensor, floor: float) -> tuple[Tensor, Tensor]:
 
     ``L = R / diag(R)``, ``d = diag(R)²`` for the Cholesky factor ``R``.  If the factorisation
     fails or a pivot is below ``floor`` (the Sherman–Morrison floor acts), fall back to the exact
-    clamped recursion :func:`ldl_clamped`.
+    clamped recursion :func:`ldl_clamped`.  (:func:`_gates` uses ``R`` itself and takes the
+    clamped recursion directly; this unit-diagonal form is the textbook one of spec §5.)
     """
     R, info = torch.linalg.cholesky_ex(M)
     diag = R.diagonal(dim1=-2, dim2=-1)
@@ -125,6 +217,57 @@ def _ldl(M: Tensor, floor: float) -> tuple[Tensor, Tensor]:
     return ldl_clamped(M, floor)
 
 
+def _gates(
+    A0: Tensor, U: Tensor, K_hat: Tensor, floor: float, clamp: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """The Woodbury/LDLᵀ gates of a batch of chunks (spec §5 penalty chain).
+
+    ``A0`` ``[..., dk, dk]``; ``U``, ``K_hat`` ``[..., C, dk]``.  Returns ``(α, W, W_s, d)``:
+    the un-normalised gates ``α`` ``[..., C, dk]`` (row t is ``(A_t k̂_t)ᵀ``, without the
+    nudge), ``W``, ``W_s`` ``[..., C, dk]`` with ``A_t = A_0 − W_{≤t}ᵀ W_s,{≤t}`` (rows up to
+    t; the chunk ends at ``A_0 − Wᵀ W_s``), and the pivots ``d`` ``[..., C]``.
+
+    When every pivot is at least ``floor`` the Cholesky factor ``R = L D^{1/2}`` of ``I + G``
+    gives ``W = W_s = R^{-1} Y`` (rows ``w_jᵀ / √d_j``): no division by the pivots and no
+    unit-diagonal ``L``.  Otherwise the clamped LDLᵀ (:func:`ldl_clamped`) takes over, or, with
+    ``clamp=False``, ``None`` is returned.
+    """
+    A0T = A0.mT
+    Y = _bmm(U, A0T, "Y")  # row t: (A_0 u_t)ᵀ
+    KA = _bmm(K_hat, A0T, "KA")  # row t: (A_0 k̂_t)ᵀ
+    G = _bmm(U, Y.mT, "G")  # G[t, j] = u_tᵀ A_0 u_j
+    if G.requires_grad:
+        # Symmetrise from the lower triangle: the recurrence only forms u_tᵀ A_0 u_j for j ≤ t,
+        # and Cholesky's backward assumes a symmetric argument (a non-symmetric A_0 would
+        # otherwise get a gradient split over entries the forward never read).
+        eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+        M = eye + torch.tril(G) + torch.tril(G, -1).mT
+    else:
+        # The factorisation reads the lower triangle only: the same numbers, without copies.
+        M = G
+        M.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    R, info = _cholesky(M, "R_G")
+    r = R.diagonal(dim1=-2, dim2=-1)
+    d = r * r
+    if bool((info == 0).all()) and bool((d >= floor).all()):
+        W = _solve_lower(R, Y, "W")  # rows w_jᵀ / √d_j
+        W_s = W
+    elif not clamp:
+        return None
+    else:
+        L, d = ldl_clamped(M, floor)
+        W = torch.linalg.solve_triangular(L, Y, upper=False, unitriangular=True)  # rows w_jᵀ
+        W_s = W / d.unsqueeze(-1)
+    # α_tᵀ = k̂_tᵀ A_0ᵀ − Σ_{j≤t} (k̂_tᵀ w_j / d_j) w_jᵀ: causal mask including the diagonal,
+    # since α_t is formed from the UPDATED A_t (spec §2.3).  In place into K̂ A_0ᵀ: the
+    # products' backward needs only their inputs.
+    X = _bmm(K_hat, W_s.mT, "X").tril_()
+    alpha = KA.view(-1, *KA.shape[-2:]).baddbmm_(
+        X.view(-1, *X.shape[-2:]), W.reshape(-1, *W.shape[-2:]), alpha=-1.0
+    )
+    return alpha.view(KA.shape), W, W_s, d
+
+
 def _penalty_chunk(
     A0: Tensor, U: Tensor, K_hat: Tensor, floor: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -132,52 +275,105 @@ def _penalty_chunk(
 
     ``A0`` ``[..., dk, dk]``; ``U``, ``K_hat`` ``[..., C, dk]``.  Returns the un-normalised gates
     ``α`` ``[..., C, dk]`` (row t is ``(A_t k̂_t)ᵀ``, without the nudge), ``A_C`` ``[..., dk, dk]``
-    and the pivots ``d`` ``[..., C]``.
+    and the pivots ``d`` ``[..., C]`` (:func:`_gates`).
     """
-    Y = U @ A0.mT  # row t: (A_0 u_t)ᵀ
-    G = U @ Y.mT  # G[t, j] = u_tᵀ A_0 u_j
-    # Symmetrise from the lower triangle: the recurrence only forms u_tᵀ A_0 u_j for j ≤ t, and
-    # Cholesky's backward assumes a symmetric argument (a non-symmetric A_0 would otherwise get a
-    # gradient split over entries the forward never read).
-    lower = torch.tril(G)
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    L, d = _ldl(eye + lower + torch.tril(G, -1).mT, floor)
-    W = torch.linalg.solve_triangular(L, Y, upper=False, unitriangular=True)  # rows w_jᵀ
-    W_scaled = W / d.unsqueeze(-1)
-    # α_tᵀ = k̂_tᵀ A_0ᵀ − Σ_{j≤t} (k̂_tᵀ w_j / d_j) w_jᵀ: causal mask including the diagonal,
-    # since α_t is formed from the UPDATED A_t (spec §2.3).
-    alpha = K_hat @ A0.mT - torch.tril(K_hat @ W_scaled.mT) @ W
-    A_end = A0 - W.mT @ W_scaled
-    return alpha, A_end, d
+    result = _gates(A0, U, K_hat, floor)
+    assert result is not None  # clamp=True always gives gates
+    alpha, W, W_s, d = result
+    return alpha, A0 - W.mT @ W_s, d
+
+
+def _chunk_start_M(U: Tensor, config: VLAConfig) -> Tensor:
+    """``M_c = lambda0·I + Σ_{c'<c} U_{c'}ᵀ U_{c'}`` ``[B, H, NC, dk, dk]`` for ``U``
+    ``[B, H, NC, C, dk]``."""
+    B, H, _, _, dk = U.shape
+    gram = _bmm(U.mT, U, "gram")  # [B, H, NC, dk, dk]
+    # Exclusive prefix sum by shifting, never cumsum − gram: that difference cancels, and its
+    # rounding error (u·||Σ U Uᵀ||) would swamp lambda0.
+    M = _WORKSPACE.get("M", gram.shape, gram.dtype, gram.device)
+    if M is None:
+        M = torch.cat([gram.new_zeros(B, H, 1, dk, dk), gram[:, :, :-1].cumsum(dim=2)], dim=2)
+    else:  # the same sums in the same order as cumsum, without its slow strided kernel
+        M[:, :, 0].zero_()
+        for c in range(1, M.shape[2]):
+            torch.add(M[:, :, c - 1], gram[:, :, c - 1], out=M[:, :, c])
+    M.diagonal(dim1=-2, dim2=-1).add_(config.lambda0)
+    return M
 
 
 def _penalty_prefix(
-    U: Tensor, K_hat: Tensor, config: VLAConfig
+    U: Tensor, K_hat: Tensor, config: VLAConfig, M: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """All chunks at once from ``A_0 = I/lambda0`` without nudges (spec §5, last sentence).
 
     ``U``, ``K_hat`` ``[B, H, NC, C, dk]``.  ``M_c = lambda0·I + Σ_{c'<c} U_{c'}ᵀ U_{c'}`` is an
-    exclusive prefix sum over chunks; ``A_c = M_c^{-1}`` by one batched Cholesky inverse.  Returns
-    ``(α [B, H, NC, C, dk], A_T [B, H, dk, dk], d)`` or ``None`` when a pivot falls below
-    ``sm_floor`` (then ``A`` is not ``M^{-1}`` and the caller runs the serial chain).
+    exclusive prefix sum over chunks (:func:`_chunk_start_M`, or ``M`` when given); ``A_c =
+    M_c^{-1}`` from one batched Cholesky.  Returns ``(α [B, H, NC, C, dk], A_T [B, H, dk, dk],
+    d)`` or ``None`` when a pivot falls below ``sm_floor`` (then ``A`` is not ``M^{-1}`` and the
+    caller runs the serial chain).  Only the last chunk's end ``A`` is formed.
     """
     dk = U.shape[-1]
-    gram = U.mT @ U  # [B, H, NC, dk, dk]
-    # Exclusive prefix sum by shifting, never cumsum − gram: that difference cancels, and its
-    # rounding error (u·||Σ U Uᵀ||) would swamp lambda0.
-    prefix = torch.cumsum(gram, dim=2)
-    prefix = torch.cat([torch.zeros_like(prefix[:, :, :1]), prefix[:, :, :-1]], dim=2)
-    M = config.lambda0 * torch.eye(dk, dtype=U.dtype, device=U.device) + prefix
-    # A = M^{-1} = R^{-T} R^{-1} from the Cholesky factor R; a batched triangular solve is much
-    # faster on CPU than cholesky_inverse, which runs one LAPACK potri per matrix.
-    R = torch.linalg.cholesky(M)
-    eye = torch.eye(dk, dtype=M.dtype, device=M.device).expand_as(M)
-    R_inv = torch.linalg.solve_triangular(R, eye, upper=False)
-    A_start = R_inv.mT @ R_inv
-    alpha, A_end, d = _penalty_chunk(A_start, U, K_hat, config.sm_floor)
-    if not bool((d >= config.sm_floor).all()):
+    M = _chunk_start_M(U, config) if M is None else M
+    R, info = _cholesky(M, "R_M")
+    if not bool((info == 0).all()):
         return None
-    return alpha, A_end[:, :, -1], d
+    # A = M^{-1} = R^{-T} R^{-1}; a batched triangular solve is much faster on CPU than
+    # cholesky_inverse, which runs one LAPACK potri per matrix.
+    eye = torch.eye(dk, dtype=M.dtype, device=M.device).expand_as(M)
+    R_inv = _solve_lower(R, eye, "R_inv")
+    A_start = _bmm(R_inv.mT, R_inv, "A_start")
+    result = _gates(A_start, U, K_hat, config.sm_floor, clamp=False)
+    if result is None:
+        return None
+    alpha, W, W_s, d = result
+    A_end = A_start[:, :, -1] - W[:, :, -1].mT @ W_s[:, :, -1]
+    return alpha, A_end, d
+
+
+#: Chunks (of all heads together) per call of :func:`_penalty_prefix` in :func:`_gates_prefix`.
+_GROUP_CHUNKS = 32
+
+
+def _gates_prefix(
+    U: Tensor, K_hat: Tensor, config: VLAConfig, work: torch.dtype
+) -> tuple[Tensor, Tensor] | None:
+    """The gates ``Â`` (``[B, H, NC, C, dk]``, in ``work``) and ``A_T`` by :func:`_penalty_prefix`,
+    a few heads at a time (or ``None``, as :func:`_penalty_prefix`).
+
+    Heads are independent; taking about :data:`_GROUP_CHUNKS` chunks at a time keeps the float64
+    intermediates of one call (a few MiB) in the CPU's cache, which on the benchmark machine
+    is worth more than the extra calls cost.
+    """
+    B, H, NC, C, dk = U.shape
+    size = max(1, _GROUP_CHUNKS // NC)
+    flat_U, flat_K = U.flatten(0, 1), K_hat.flatten(0, 1)
+    flat_M = _chunk_start_M(U, config).flatten(0, 1)
+    out = _WORKSPACE.get("gate", U.shape, work, U.device)
+    gates, ends = [], []
+    for lo in range(0, B * H, size):
+        hi = min(lo + size, B * H)
+        sub = (flat_U[None, lo:hi], flat_K[None, lo:hi], config, flat_M[None, lo:hi])
+        result = _penalty_prefix(*sub)
+        if result is None:
+            return None
+        alpha, A_end, _ = result
+        target = None if out is None else out.flatten(0, 1)[lo:hi]
+        gates.append(_gate(alpha[0], config, work, target))
+        ends.append(A_end[0])
+    gate = out if out is not None else torch.cat(gates).view(B, H, NC, C, dk)
+    return gate, torch.cat(ends).view(B, H, dk, dk)
+
+
+def _gate(alpha: Tensor, config: VLAConfig, work: torch.dtype, out: Tensor | str | None) -> Tensor:
+    """The gates ``α̂ = α / max(||α||, norm_eps)`` (or ``α``, spec §2.2 ``normalize_gate``),
+    normalised in float64 and rounded to ``work``; into ``out`` (a tensor, or the name of a
+    workspace buffer) when given."""
+    if isinstance(out, str):
+        out = _WORKSPACE.get(out, alpha.shape, work, alpha.device)
+    if config.normalize_gate:
+        norm = _norm(alpha, config.norm_eps)
+        return (alpha / norm).to(work) if out is None else torch.div(alpha, norm, out=out)
+    return alpha.to(work) if out is None else out.copy_(alpha)
 
 
 def _penalty_serial(
@@ -192,21 +388,74 @@ def _penalty_serial(
     NC, C = U.shape[2], U.shape[3]
     A = A0
     gates = []
-    for c in range(NC):
-        alpha, A, _ = _penalty_chunk(A, U[:, :, c], K_hat[:, :, c], config.sm_floor)
-        end = (c + 1) * C
-        if end <= T and config.nudges_at(end):
-            eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-            A = A + config.nudge_eta * eye
-            # The last token of the chunk reads the nudged A (α_t uses the updated A_t).
-            last = torch.zeros(C, 1, dtype=A.dtype, device=A.device)
-            last[-1] = config.nudge_eta
-            alpha = alpha + last * K_hat[:, :, c]
-        gates.append(alpha)
+    # Each chunk's gates are kept until the loop ends: no workspace buffers here.
+    active, _WORKSPACE.active = _WORKSPACE.active, False
+    try:
+        for c in range(NC):
+            alpha, A, _ = _penalty_chunk(A, U[:, :, c], K_hat[:, :, c], config.sm_floor)
+            end = (c + 1) * C
+            if end <= T and config.nudges_at(end):
+                eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+                A = A + config.nudge_eta * eye
+                # The last token of the chunk reads the nudged A (α_t uses the updated A_t).
+                last = torch.zeros(C, 1, dtype=A.dtype, device=A.device)
+                last[-1] = config.nudge_eta
+                alpha = alpha + last * K_hat[:, :, c]
+            gates.append(alpha)
+    finally:
+        _WORKSPACE.active = active
     return torch.stack(gates, dim=2), A
 
 
 # -- state chain --------------------------------------------------------------------------------
+
+
+def _pair_blocks(grid: Tensor, row: int, column: int) -> Tensor:
+    """Blocks ``(2m + row, 2m + column)`` of ``grid`` ``[..., P, 2, s, P, 2, s]``:
+    ``[..., P, s, s]`` (a view)."""
+    return grid.select(-2, column).select(-4, row).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _unit_lower_inverse(N: Tensor, name: str) -> Tensor:
+    """``(I + N)^{-1}``, where only the strictly lower triangle of ``N`` ``[..., n, n]`` is read.
+
+    The recursive triangular inverse (LAPACK ``trtri``) from the bottom up, for all matrices of
+    the batch at once and without a per-matrix LAPACK call: diagonal blocks of size s = 1, 2,
+    4, … are merged pairwise, ``[[X₁, 0], [N₂₁, X₂]] → [[X₁, 0], [−X₂ N₂₁ X₁, X₂]]``, one pair of
+    batched products per level.  With autograd off the inverse is built in place (in the
+    workspace buffer ``name``); otherwise the blocks are joined by concatenation.
+    """
+    n = N.shape[-1]
+    batch = N.shape[:-2]
+    eye = torch.eye(n, dtype=N.dtype, device=N.device)
+    if n & (n - 1):  # not a power of two (no chunk size is): one triangular solve
+        L = eye + torch.tril(N, -1)
+        return torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False, unitriangular=True)
+    if not N.requires_grad:
+        X = _WORKSPACE.get(name, N.shape, N.dtype, N.device)
+        X = torch.empty_like(N) if X is None else X
+        X.copy_(eye)
+        s = 1
+        while s < n:
+            P = n // (2 * s)
+            lower = _pair_blocks(N.reshape(*batch, P, 2, s, P, 2, s), 1, 0)
+            grid = X.view(*batch, P, 2, s, P, 2, s)
+            X21 = _pair_blocks(grid, 1, 0)
+            X21.copy_(_pair_blocks(grid, 1, 1) @ (lower @ _pair_blocks(grid, 0, 0))).neg_()
+            s *= 2
+        return X
+    blocks = torch.ones(*batch, n, 1, 1, dtype=N.dtype, device=N.device)  # inverses of 1×1 blocks
+    s = 1
+    while s < n:
+        P = n // (2 * s)
+        lower = _pair_blocks(N.reshape(*batch, P, 2, s, P, 2, s), 1, 0)
+        X1, X2 = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]
+        X21 = -(X2 @ (lower @ X1))
+        top = torch.cat([X1, torch.zeros_like(X1)], dim=-1)
+        bottom = torch.cat([X21, X2], dim=-1)
+        blocks = torch.cat([top, bottom], dim=-2)
+        s *= 2
+    return blocks.reshape(*batch, n, n)
 
 
 def _state_chain(
@@ -217,35 +466,62 @@ def _state_chain(
     ``S0`` ``[B, H, dv, dk]``; ``K_hat``, ``gate``, ``Q`` ``[B, H, NC, C, dk]``; ``V``
     ``[B, H, NC, C, dv]``.  ``K_hat=None`` means no delta-rule correction (linear attention:
     ``E = V``).  Returns ``S Q`` per token ``[B, H, NC, C, dv]`` and the final ``S``.
+
+    Only ``E_c = Ṽ_c − K̃_c S_cᵀ`` and ``S_{c+1} = S_c + E_cᵀ Â_c`` run chunk after chunk; the
+    read-outs ``Q_c S_cᵀ + P_c E_c`` of all chunks are two batched products after the loop.
     """
+    B, H, NC, C, dv = V.shape
+    dk = Q.shape[-1]
     if K_hat is not None:
-        # (I + N) with N[t, i] = k̂_tᵀ α̂_i for i < t; the unit diagonal is implicit.
-        N = torch.tril(K_hat @ gate.mT, -1)
-        V_t = torch.linalg.solve_triangular(N, V, upper=False, unitriangular=True)
-        K_t = torch.linalg.solve_triangular(N, K_hat, upper=False, unitriangular=True)
+        # T = (I + N)^{-1} with N[t, i] = k̂_tᵀ α̂_i for i < t (the UT transform).
+        T = _unit_lower_inverse(_bmm(K_hat, gate.mT, "N"), "T")
+        V_t, K_t = _bmm(T, V, "V_t").flatten(0, 1), _bmm(T, K_hat, "K_t").flatten(0, 1)
     else:
-        V_t, K_t = V, None
-    P = torch.tril(Q @ gate.mT)  # P[t, i] = α̂_iᵀ q_t for i ≤ t
-    S = S0
-    outputs = []
-    for c in range(V.shape[2]):
-        E = V_t[:, :, c] if K_t is None else V_t[:, :, c] - K_t[:, :, c] @ S.mT  # [B, H, C, dv]
-        outputs.append(Q[:, :, c] @ S.mT + P[:, :, c] @ E)
-        S = S + E.mT @ gate[:, :, c]
-    return torch.stack(outputs, dim=2), S
+        V_t, K_t = V.flatten(0, 1), None
+    gates = gate.flatten(0, 1)  # [B·H, NC, C, dk]
+    S = S0.reshape(B * H, dv, dk)
+    starts, residuals = [], []
+    for c in range(NC):
+        starts.append(S)
+        E = V_t[:, c] if K_t is None else torch.baddbmm(V_t[:, c], K_t[:, c], S.mT, alpha=-1.0)
+        residuals.append(E)
+        S = S + E.mT @ gates[:, c]
+    S_starts = _stack(starts, "S_starts")  # [B·H, NC, dv, dk]
+    E = _stack(residuals, "E") if K_t is not None else V_t
+    P = _bmm(Q, gate.mT, "P").tril_()  # P[t, i] = α̂_iᵀ q_t for i ≤ t
+    reads = _bmm(Q, S_starts.view(B, H, NC, dv, dk).mT, "reads")
+    reads.view(-1, C, dv).baddbmm_(P.view(-1, C, C), E.reshape(-1, C, dv))
+    return reads, S.view(B, H, dv, dk)
+
+
+def _stack(xs: list[Tensor], name: str) -> Tensor:
+    """``torch.stack(xs, dim=1)``, into the workspace buffer ``name`` when it is on."""
+    out = _WORKSPACE.get(
+        name, (xs[0].shape[0], len(xs), *xs[0].shape[1:]), xs[0].dtype, xs[0].device
+    )
+    return torch.stack(xs, dim=1) if out is None else torch.stack(xs, dim=1, out=out)
 
 
 # -- the chunked algorithm ----------------------------------------------------------------------
 
 
-def _to_chunks(x: Tensor, C: int) -> Tensor:
-    """``[B, T, H, D]`` → ``[B, H, NC, C, D]``, the last chunk zero-padded."""
+def _to_chunks(x: Tensor, C: int, name: str, dtype: torch.dtype | None = None) -> Tensor:
+    """``[B, T, H, D]`` → ``[B, H, NC, C, D]`` (in ``dtype``), the last chunk zero-padded."""
     B, T, H, D = x.shape
     NC = math.ceil(T / C)
-    x = x.transpose(1, 2)
+    dtype = x.dtype if dtype is None else dtype
+    out = _WORKSPACE.get(name, (B, H, NC * C, D), dtype, x.device)
+    if out is None:
+        out = torch.empty(B, H, NC * C, D, dtype=dtype, device=x.device)
+    out[:, :, :T].copy_(x.transpose(1, 2))
     if NC * C != T:
-        x = torch.nn.functional.pad(x, (0, 0, 0, NC * C - T))
-    return x.reshape(B, H, NC, C, D)
+        out[:, :, T:].zero_()
+    return out.view(B, H, NC, C, D)
+
+
+def _norm(x: Tensor, eps: float) -> Tensor:
+    """``max(||x||, eps)`` along the last axis, kept as an axis (spec §2.2, ``norm_eps``)."""
+    return torch.clamp_min(torch.linalg.vector_norm(x, dim=-1, keepdim=True), eps)
 
 
 def chunked(
@@ -276,6 +552,26 @@ def chunked(
     ``o`` ``[B, T, H, dv]`` and ``(S, A, z)``, in the working dtype (float64 for float64 inputs,
     float32 otherwise); the caller casts.
     """
+    tensors = (q, k, v, u, *(initial_state or ()))
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+    active = _WORKSPACE.active
+    _WORKSPACE.active = q.device.type == "cpu" and not grad
+    try:
+        return _chunked(q, k, v, u, config, variant, initial_state, chunk_size)
+    finally:
+        _WORKSPACE.active = active
+
+
+def _chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    u: Tensor,
+    config: VLAConfig,
+    variant: str,
+    initial_state: State | None,
+    C: int,
+) -> tuple[Tensor, State]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     work = work_dtype(q.dtype)
@@ -283,42 +579,59 @@ def chunked(
     if initial_state is None:
         S0 = q.new_zeros(B, H, dv, dk)
         A0 = torch.eye(dk, dtype=work, device=q.device).div(config.lambda0).expand(B, H, dk, dk)
-        z0 = q.new_zeros(B, H, dk)
+        z0 = None
     else:
         S0, A0, z0 = (x.to(work) for x in initial_state)
     eps = config.norm_eps
-    C = chunk_size
 
-    k_hat = normalize(k, eps)
-    Kc, Qc, Vc = _to_chunks(k_hat, C), _to_chunks(q, C), _to_chunks(v, C)
+    K_raw, Qc, Vc = _to_chunks(k, C, "K_raw"), _to_chunks(q, C, "Q"), _to_chunks(v, C, "V")
+    Kc = _divide(K_raw, _norm(K_raw, eps), "K")  # k̂ (a zero pad stays zero)
     A_final = A0
     if variant == "vla":
         # The penalty chain runs in float64 whatever the working precision (module docstring,
         # "Precision"): its Woodbury form cancels at the scale of the chunk-start A.
-        Uc, Kc64, A0_64 = _to_chunks(u, C).double(), Kc.double(), A0.double()
+        f64 = torch.float64
+        Uc = _to_chunks(u, C, "U64", f64)
+        Kc64 = Kc if work == f64 else _to_chunks_like(Kc, "K64", f64)
         prefix = None
         if initial_state is None and not any(config.nudges_at(t) for t in _chunk_ends(T, C)):
-            prefix = _penalty_prefix(Uc, Kc64, config)
+            prefix = _gates_prefix(Uc, Kc64, config, work)
         if prefix is not None:
-            alpha, A_final, _ = prefix
+            gate, A_final = prefix
         else:
-            alpha, A_final = _penalty_serial(A0_64, Uc, Kc64, config, T)
-        gate = normalize(alpha, eps) if config.normalize_gate else alpha
-        gate, A_final = gate.to(work), A_final.to(work)
+            alpha, A_final = _penalty_serial(A0.double(), Uc, Kc64, config, T)
+            gate = _gate(alpha, config, work, "gate")
         reads, S = _state_chain(S0, Kc, gate, Vc, Qc)
+        A_final = A_final.to(work)
     elif variant == "delta":
         reads, S = _state_chain(S0, Kc, Kc, Vc, Qc)
     elif variant == "linear":
-        reads, S = _state_chain(S0, None, _to_chunks(k, C), Vc, Qc)
+        reads, S = _state_chain(S0, None, K_raw, Vc, Qc)
     else:  # pragma: no cover - check_support refuses it
         raise ValueError(variant)
 
-    reads = reads.reshape(B, H, -1, dv)[:, :, :T].transpose(1, 2)  # [B, T, H, dv]
-    z = z0.unsqueeze(1) + torch.cumsum(k, dim=1)  # z_t for every t: [B, T, H, dk]
-    o = readout(reads, z, q, config)
+    # z_t = z_0 + Σ_{s≤t} k_s (sequential sums, as the recurrence makes them), in the chunk layout
+    # of the reads: [B, H, NC, C, dk].
+    z = torch.cumsum(K_raw.view(B, H, -1, dk), dim=2).view(K_raw.shape)
+    if z0 is not None:
+        z = z0[:, :, None, None] + z
+    z_T = z.view(B, H, -1, dk)[:, :, T - 1]  # [B, H, dk]
+    if config.normalize_output:  # spec §2.3 read-out
+        reads = reads / torch.clamp_min((z * Qc).sum(-1, keepdim=True), config.out_eps)
+    elif _WORKSPACE.active:  # o must not live in the workspace
+        reads = reads.clone()
+    o = reads.reshape(B, H, -1, dv)[:, :, :T].transpose(1, 2)  # [B, T, H, dv]
     if A_final.stride(-1) == 0 or A_final.stride(0) == 0:  # the expanded default A_0
         A_final = A_final.contiguous()
-    return o, (S, A_final, z[:, -1])
+    return o, (S, A_final, z_T)
+
+
+def _to_chunks_like(x: Tensor, name: str, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, into the workspace buffer ``name`` when it is on."""
+    if x.dtype == dtype:
+        return x
+    out = _WORKSPACE.get(name, x.shape, dtype, x.device)
+    return x.to(dtype) if out is None else out.copy_(x)
 
 
 def _chunk_ends(T: int, C: int) -> range:
