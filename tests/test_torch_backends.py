@@ -30,7 +30,7 @@ from vla_verify.errors import (  # noqa: E402
     DTypeError,
     UnsupportedConfigurationError,
 )
-from vla_verify.properties.strategies import ShapeBounds, cases  # noqa: E402
+from vla_verify.properties.strategies import Case, ShapeBounds, cases  # noqa: E402
 from vla_verify.spec import unit_roundoff  # noqa: E402
 from vla_verify.validation import evaluate_case  # noqa: E402
 
@@ -175,7 +175,7 @@ def test_both_backends_registered_with_honest_capabilities() -> None:
         assert set(caps.dtypes) == {"float64", "float32", "bfloat16", "float16"}
     assert seq.capabilities.variants == ("vla", "rls", "delta", "linear")
     assert chk.capabilities.variants == ("vla", "delta", "linear")
-    assert chk.capabilities.options == {"chunk_size": 64}
+    assert chk.capabilities.options == {"chunk_size": 64, "penalty_chain": "auto"}
     rows = {row.name: row for row in backends.available()}
     assert rows["torch"].available and rows["torch_chunked"].available
 
@@ -276,9 +276,34 @@ def test_chunked_float64_strong_penalty_is_a_known_limitation() -> None:
     inputs[3] = u
     t = [_torch(x) for x in inputs]
     seq = backends.get("torch")(*t, config=EXACT)
-    chk = backends.get("torch_chunked", chunk_size=16)(*t, config=EXACT)
+    chk = backends.get("torch_chunked", chunk_size=16, penalty_chain="woodbury")(*t, config=EXACT)
     assert _budgeted(_as_numpy(seq[0], seq[1]), inputs, None, EXACT, "vla") == []
     assert _budgeted(_as_numpy(chk[0], chk[1]), inputs, None, EXACT, "vla") != []
+    # The default for float64 (penalty_chain="auto": step by step) is inside the budget.
+    auto = backends.get("torch_chunked", chunk_size=16)(*t, config=EXACT)
+    assert _budgeted(_as_numpy(auto[0], auto[1]), inputs, None, EXACT, "vla") == []
+
+
+def test_chunked_float64_default_passes_the_case_run_found() -> None:
+    """The float64 example ``vla-verify run`` shrank for the Woodbury chain (4x over budget):
+    T = 5, dk = 2, repeated keys, concentrated penalties, a given SPD ``A_0``."""
+    q = [[1.783975, 2.493431], [0.283919, 2.513924], [2.345875, 1.781311],
+         [1.264456, 0.730575], [2.458021, 2.960258]]  # fmt: skip
+    k = [[-2.325031, -0.218792]] * 3 + [[-0.623274, 0.041326]] * 2
+    v = [[0.90347], [0.094012], [-0.743499], [-0.921725], [-0.457726]]
+    u = [[0.0, 3.015819], [0.125637, 0.0], [0.0, 0.272265], [22.242595, 0.0], [18.414642, 0.0]]
+    arrays = [np.asarray(x, dtype=np.float64)[None, :, None, :] for x in (q, k, v, u)]
+    initial = (
+        np.asarray([[[[0.220195, -1.009618]]]]),
+        np.asarray([[[[8.359142, 2.807599], [2.807599, 3.223014]]]]),
+        np.asarray([[[18.975218, 7.280712]]]),
+    )
+    case = Case(*arrays, initial, split=2, regimes={}, seed=0)
+    config = VLAConfig(nudge_period=64)
+    for chain, ok in (("auto", True), ("woodbury", False)):
+        be = backends.get("torch_chunked", penalty_chain=chain)
+        failure, _ = evaluate_case(be, case, config=config, array="torch", dtype="float64")
+        assert (failure is None) is ok, (chain, failure and failure.describe())
 
 
 # -- chunked against sequential ------------------------------------------------------------------
@@ -320,7 +345,7 @@ def test_chunked_prefix_path_equals_serial_path() -> None:
         torch.eye(dk, dtype=torch.float64).div(EXACT.lambda0).expand(2, 2, dk, dk).clone(),
         torch.zeros(2, 2, dk, dtype=torch.float64),
     )
-    b = backends.get("torch_chunked", chunk_size=16)
+    b = backends.get("torch_chunked", chunk_size=16, penalty_chain="woodbury")
     o1, s1 = b(*t, config=EXACT)
     o2, s2 = b(*t, config=EXACT, initial_state=default)
     got = {"o": o1.numpy(), "S": s1[0].numpy(), "A": s1[1].numpy()}

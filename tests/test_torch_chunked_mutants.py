@@ -61,3 +61,37 @@ def test_chunked_mutant_is_rejected(function, mutant, monkeypatch: pytest.Monkey
     report = validate(backend, **kwargs)
     assert not report.passed, f"{function} mutant not caught"
     assert report.failures[0].kind in ("mismatch", "carry")
+
+
+def _penalty_stepwise_nudging_one_step_late(A0, U, K_hat, config, T):
+    """The float64 step-by-step chain with the nudge applied after step t + 1 instead of t."""
+    B, H, NC, C, dk = U.shape
+    u, kh = U.reshape(B, H, NC * C, dk), K_hat.reshape(B, H, NC * C, dk)
+    eye = torch.eye(dk, dtype=A0.dtype)
+    A, gates = A0, []
+    for t in range(T):
+        s = (A @ u[:, :, t, :, None]).squeeze(-1)
+        delta = torch.clamp_min(1.0 + (u[:, :, t] * s).sum(-1), config.sm_floor)
+        A = A - s[..., :, None] * s[..., None, :] / delta[..., None, None]
+        if t > 0 and config.nudges_at(t):
+            A = A + config.nudge_eta * eye
+        gates.append((A @ kh[:, :, t, :, None]).squeeze(-1))
+    alpha = torch.nn.functional.pad(torch.stack(gates, dim=2), (0, 0, 0, NC * C - T))
+    return alpha.reshape(B, H, NC, C, dk), A
+
+
+def test_float64_stepwise_chain_mutant_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float64 inputs take the step-by-step penalty chain by default; a bug there is caught."""
+    backend = backends.get("torch_chunked", chunk_size=16)
+    kwargs = dict(
+        config=VLAConfig(nudge_period=16, nudge_eta=0.5),
+        array="torch",
+        dtype="float64",
+        max_examples=40,
+        seed=3,
+        bounds=ShapeBounds(max_T=40, min_T=17, max_dk=4, max_dv=4),
+    )
+    assert validate(backend, **kwargs).passed
+    monkeypatch.setattr(torch_chunked, "_penalty_stepwise", _penalty_stepwise_nudging_one_step_late)
+    report = validate(backend, **kwargs)
+    assert not report.passed, "stepwise penalty-chain mutant not caught"

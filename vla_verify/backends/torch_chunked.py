@@ -55,9 +55,13 @@ re-derives every ``A_t`` of a chunk from the chunk-start ``A_c``, so its roundin
 (``u_tᵀ A u_t ≫ 1``) shrinks ``A`` by orders of magnitude inside a chunk, a float32 penalty
 chain is far worse than the float32 recurrence (up to ~10³× the spec §4 budget on the
 ``concentrated`` penalties of :mod:`vla_verify.properties.strategies`).  Its float64 error
-``u_64·||A_c||`` is far below float32's.  For float64 inputs the effect remains:
-``tests/test_torch_backends.py`` records it as a known limitation, and the float64 conformance
-run covers the penalty regimes where ``u_tᵀ A u_t`` stays moderate.
+``u_64·||A_c||`` is far below float32's.  For float64 inputs no wider dtype exists, and the
+effect was measured: ``vla-verify run`` found a float64 example (T = 5, dk = 2, a given SPD
+``A_0``, penalties of norm ~20) 4x outside the spec §4 budget.  So by default
+(``penalty_chain="auto"``) float64 inputs run the penalty chain step by step, as spec §2.3
+writes it (one batched matrix-vector product, rank-one downdate and gate per token), and keep
+the chunked UT state chain; ``penalty_chain="woodbury"`` forces the spec §5 form
+(``tests/test_torch_backends.py`` records its float64 limitation).
 
 Speed (CPU; issue 4, ``benchmarks/test_bench_torch_cpu.py``).  The float64 penalty chain is
 most of the work: per chunk and head, seven ``64 × 64 × 64`` products, two Cholesky
@@ -82,7 +86,7 @@ from ..spec import FLOAT_DTYPES, Shapes, VLAConfig
 from .registry import Backend, Capabilities
 from .torch_sequential import check_tensors, work_dtype
 
-__all__ = ["CHUNK_SIZES", "TorchChunkedBackend", "chunked", "ldl_clamped"]
+__all__ = ["CHUNK_SIZES", "PENALTY_CHAINS", "TorchChunkedBackend", "chunked", "ldl_clamped"]
 
 Tensor = torch.Tensor
 State = tuple[Tensor, Tensor, Tensor]
@@ -91,6 +95,8 @@ State = tuple[Tensor, Tensor, Tensor]
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: Variants the chunked form implements (see the module docstring for ``rls``).
 CHUNKED_VARIANTS: tuple[str, ...] = ("vla", "delta", "linear")
+#: How the penalty chain is computed (option ``penalty_chain``; module docstring, "Precision").
+PENALTY_CHAINS: tuple[str, ...] = ("auto", "woodbury", "stepwise")
 
 
 # -- workspace ----------------------------------------------------------------------------------
@@ -407,6 +413,34 @@ def _penalty_serial(
     return torch.stack(gates, dim=2), A
 
 
+def _penalty_stepwise(
+    A0: Tensor, U: Tensor, K_hat: Tensor, config: VLAConfig, T: int
+) -> tuple[Tensor, Tensor]:
+    """The penalty chain as spec §2.3 writes it, token by token (batched over B and H).
+
+    For float64 inputs (module docstring, "Precision"): the Woodbury form's rounding error is at
+    the scale of the chunk-start ``A``, and float64 has no wider dtype to hide it in.  ``A0``
+    ``[B, H, dk, dk]``; ``U``, ``K_hat`` ``[B, H, NC, C, dk]`` (zero-padded past ``T``).
+    Returns ``α`` ``[B, H, NC, C, dk]`` (zero on padding) and the final ``A``.
+    """
+    B, H, NC, C, dk = U.shape
+    u = U.reshape(B, H, NC * C, dk)
+    kh = K_hat.reshape(B, H, NC * C, dk)
+    eye = torch.eye(dk, dtype=A0.dtype, device=A0.device)
+    A = A0
+    gates = []
+    for t in range(T):
+        s = (A @ u[:, :, t, :, None]).squeeze(-1)  # A_{t-1} u_t
+        delta = torch.clamp_min(1.0 + (u[:, :, t] * s).sum(-1), config.sm_floor)
+        A = A - s[..., :, None] * s[..., None, :] / delta[..., None, None]
+        if config.nudges_at(t + 1):
+            A = A + config.nudge_eta * eye
+        gates.append((A @ kh[:, :, t, :, None]).squeeze(-1))  # α_t from the updated A_t
+    alpha = torch.stack(gates, dim=2)
+    alpha = torch.nn.functional.pad(alpha, (0, 0, 0, NC * C - T))
+    return alpha.reshape(B, H, NC, C, dk), A
+
+
 # -- state chain --------------------------------------------------------------------------------
 
 
@@ -534,6 +568,7 @@ def chunked(
     variant: str = "vla",
     initial_state: State | None = None,
     chunk_size: int = 64,
+    penalty_chain: str = "auto",
 ) -> tuple[Tensor, State]:
     """VLA by the exact chunked forms of spec §5 (module docstring).
 
@@ -546,6 +581,9 @@ def chunked(
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or None for
         ``(0, I/lambda0, 0)``.  ``delta`` and ``linear`` carry ``A`` through unchanged.
     chunk_size : ``C``, tokens per chunk.
+    penalty_chain : ``"woodbury"`` (spec §5, in float64), ``"stepwise"`` (spec §2.3 token by
+        token, in the working precision) or ``"auto"``: stepwise for float64 inputs, Woodbury
+        otherwise (module docstring, "Precision").
 
     Returns
     -------
@@ -557,7 +595,7 @@ def chunked(
     active = _WORKSPACE.active
     _WORKSPACE.active = q.device.type == "cpu" and not grad
     try:
-        return _chunked(q, k, v, u, config, variant, initial_state, chunk_size)
+        return _chunked(q, k, v, u, config, variant, initial_state, chunk_size, penalty_chain)
     finally:
         _WORKSPACE.active = active
 
@@ -571,6 +609,7 @@ def _chunked(
     variant: str,
     initial_state: State | None,
     C: int,
+    penalty_chain: str = "auto",
 ) -> tuple[Tensor, State]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -593,10 +632,20 @@ def _chunked(
         f64 = torch.float64
         Uc = _to_chunks(u, C, "U64", f64)
         Kc64 = Kc if work == f64 else _to_chunks_like(Kc, "K64", f64)
+        if penalty_chain == "auto":
+            penalty_chain = "stepwise" if work == f64 else "woodbury"
         prefix = None
-        if initial_state is None and not any(config.nudges_at(t) for t in _chunk_ends(T, C)):
+        stepwise = penalty_chain == "stepwise"
+        if (
+            not stepwise
+            and initial_state is None
+            and not any(config.nudges_at(t) for t in _chunk_ends(T, C))
+        ):
             prefix = _gates_prefix(Uc, Kc64, config, work)
-        if prefix is not None:
+        if stepwise:
+            alpha, A_final = _penalty_stepwise(A0.double(), Uc, Kc64, config, T)
+            gate = _gate(alpha, config, work, None)
+        elif prefix is not None:
             gate, A_final = prefix
         else:
             alpha, A_final = _penalty_serial(A0.double(), Uc, Kc64, config, T)
@@ -642,7 +691,8 @@ def _chunk_ends(T: int, C: int) -> range:
 class TorchChunkedBackend(Backend):
     """Registry name ``torch_chunked``: :func:`chunked` as a spec §4 callable, differentiable.
 
-    Option ``chunk_size`` (16, 32 or 64; default 64).  Variants ``vla``, ``delta``, ``linear``;
+    Options ``chunk_size`` (16, 32 or 64; default 64) and ``penalty_chain`` (``auto``,
+    ``woodbury``, ``stepwise``; see :func:`chunked`).  Variants ``vla``, ``delta``, ``linear``;
     ``nudge_period`` None or a multiple of ``chunk_size``.  float64/float32/bfloat16/float16
     tensors on ``cpu`` or ``cuda``; returns ``(o, (S, A, z))`` in the inputs' dtype and device.
     """
@@ -656,7 +706,7 @@ class TorchChunkedBackend(Backend):
         variants=CHUNKED_VARIANTS,
         differentiable=True,
         requires=("torch",),
-        options={"chunk_size": 64},
+        options={"chunk_size": 64, "penalty_chain": "auto"},
     )
 
     def __init__(self, *, variant: str = "vla", **options: Any) -> None:
@@ -667,6 +717,13 @@ class TorchChunkedBackend(Backend):
                 self.name,
                 f"chunk_size must be one of {CHUNK_SIZES}, got {size!r}",
                 argument="chunk_size",
+            )
+        chain = self.options["penalty_chain"]
+        if chain not in PENALTY_CHAINS:
+            raise UnsupportedConfigurationError(
+                self.name,
+                f"penalty_chain must be one of {PENALTY_CHAINS}, got {chain!r}",
+                argument="penalty_chain",
             )
 
     @property
@@ -718,5 +775,6 @@ class TorchChunkedBackend(Backend):
             variant=self.variant,
             initial_state=initial_state,
             chunk_size=self.chunk_size,
+            penalty_chain=str(self.options["penalty_chain"]),
         )
         return o.to(q.dtype), tuple(x.to(q.dtype) for x in state)
