@@ -154,3 +154,33 @@ def test_an_unavailable_backend_raises_instead_of_failing() -> None:
 
     with pytest.raises(BackendUnavailableError, match="no CUDA GPU"):
         validate(Offline(), max_examples=5)
+
+
+def test_chunk_size_is_checked_and_reported() -> None:
+    from vla_verify.errors import VLAInputError
+
+    oracle = backends.get("numpy")
+    with pytest.raises(VLAInputError, match="chunk_size"):
+        validate(oracle, max_examples=1, seed=0, chunk_size=0)
+    report = validate(oracle, max_examples=2, seed=0, chunk_size=16)
+    assert report.passed and report.chunk_size == 16 and "chunk_size=16" in report.summary()
+
+
+def test_a_chunked_backend_declares_its_chunk_size() -> None:
+    pytest.importorskip("torch")
+    report = validate(
+        backends.get("torch_chunked", chunk_size=32),
+        config=VLAConfig(nudge_period=32),
+        array="torch",
+        dtype="float32",
+        max_examples=2,
+        seed=0,
+    )
+    assert report.chunk_size == 32
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_the_chunk_floor_still_rejects_planted_bugs(mutant: str) -> None:
+    """The longer summation allowance (dk + C terms) leaves every wrong formula outside."""
+    report = validate(make(mutant), max_examples=60, seed=0, chunk_size=64)
+    assert not report.passed, mutant
