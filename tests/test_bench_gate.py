@@ -34,6 +34,10 @@ def _run(pytester: pytest.Pytester, ms: float, *args: str) -> pytest.RunResult:
     storage = f"file://{pytester.path / 'store'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLANTED_DEVICE_MS", str(ms))
+        # Under `pytest -n`, this worker's PYTEST_XDIST_WORKER would reach the subprocess, and
+        # pytest-benchmark disables itself whenever it sees that variable.
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            mp.delenv(name, raising=False)
         return pytester.runpytest_subprocess(
             "-p", "no:randomly", "-p", "no:xdist", f"--benchmark-storage={storage}", *args
         )
