@@ -146,3 +146,21 @@ def test_rls_refuses_nudges_with_the_reason() -> None:
 def test_every_input_error_is_a_value_error() -> None:
     for cls in (ConfigError, ShapeError, DTypeError, NonFiniteError, UnknownVariantError):
         assert issubclass(cls, VLAInputError) and issubclass(cls, ValueError)
+
+
+def test_all_finite_fast_path_never_hides_a_nan_and_survives_an_overflowing_sum() -> None:
+    import numpy as np
+
+    from vla_verify.spec import _all_finite
+
+    big = np.full(8, 6e4, dtype=np.float16)  # finite, but the float16 sum overflows
+    assert _all_finite(big)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones(8, dtype=np.float32)
+        x[3] = bad
+        assert not _all_finite(x)
+    torch = pytest.importorskip("torch")
+    assert _all_finite(torch.full((8,), 3e38))  # the float32 sum is inf
+    t = torch.ones(8)
+    t[5] = float("nan")
+    assert not _all_finite(t)

