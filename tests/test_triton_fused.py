@@ -72,49 +72,36 @@ CONFIGS = {
 SMALL = ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8)
 
 
+def _validate_small(backend, config: VLAConfig, dtype: str, seed: int):  # type: ignore[no-untyped-def]
+    return validate(
+        backend,
+        config=config,
+        array="torch",
+        dtype=dtype,
+        device=DEVICE,
+        max_examples=6,
+        seed=seed,
+        bounds=SMALL,
+    )
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_validate_float32_every_config(name: str) -> None:
     """Every VLAConfig field honoured: floors, nudges at several periods, both switches."""
-    report = validate(
-        _backend(),
-        config=CONFIGS[name],
-        array="torch",
-        dtype="float32",
-        device=DEVICE,
-        max_examples=6,
-        seed=11,
-        bounds=SMALL,
-    )
+    report = _validate_small(_backend(), CONFIGS[name], "float32", seed=11)
     assert report.passed, report.summary()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16"])
 def test_validate_other_dtypes(dtype: str) -> None:
-    report = validate(
-        _backend(),
-        config=VLAConfig(nudge_period=5),
-        array="torch",
-        dtype=dtype,
-        device=DEVICE,
-        max_examples=6,
-        seed=5,
-        bounds=SMALL,
-    )
+    report = _validate_small(_backend(), VLAConfig(nudge_period=5), dtype, seed=5)
     assert report.passed, report.summary()
 
 
 def test_validate_exact_downdate() -> None:
     """The ``exact`` downdate (correctly rounded divisions) is the other supported path."""
-    report = validate(
-        _backend().bind(downdate="exact"),
-        config=VLAConfig(nudge_period=3, normalize_gate=False),
-        array="torch",
-        dtype="float32",
-        device=DEVICE,
-        max_examples=6,
-        seed=11,
-        bounds=SMALL,
-    )
+    backend = _backend().bind(downdate="exact")
+    report = _validate_small(backend, CONFIGS["nudge3_ungated"], "float32", seed=11)
     assert report.passed, report.summary()
 
 
