@@ -84,7 +84,7 @@ import torch
 from ..errors import UnsupportedConfigurationError
 from ..spec import FLOAT_DTYPES, Shapes, VLAConfig
 from .registry import Backend, Capabilities
-from .torch_sequential import check_tensors, work_dtype
+from .torch_sequential import check_tensors, penalty_step, work_dtype
 
 __all__ = ["CHUNK_SIZES", "PENALTY_CHAINS", "TorchChunkedBackend", "chunked", "ldl_clamped"]
 
@@ -430,11 +430,7 @@ def _penalty_stepwise(
     A = A0
     gates = []
     for t in range(T):
-        s = (A @ u[:, :, t, :, None]).squeeze(-1)  # A_{t-1} u_t
-        delta = torch.clamp_min(1.0 + (u[:, :, t] * s).sum(-1), config.sm_floor)
-        A = A - s[..., :, None] * s[..., None, :] / delta[..., None, None]
-        if config.nudges_at(t + 1):
-            A = A + config.nudge_eta * eye
+        A = penalty_step(A, u[:, :, t], t, config, eye)
         gates.append((A @ kh[:, :, t, :, None]).squeeze(-1))  # α_t from the updated A_t
     alpha = torch.stack(gates, dim=2)
     alpha = torch.nn.functional.pad(alpha, (0, 0, 0, NC * C - T))

@@ -32,6 +32,7 @@ __all__ = [
     "TorchSequentialBackend",
     "check_tensors",
     "normalize",
+    "penalty_step",
     "readout",
     "recurrent",
     "work_dtype",
@@ -146,6 +147,22 @@ def _dot(x: Tensor, y: Tensor) -> Tensor:
     return (x * y).sum(-1)
 
 
+def penalty_step(A: Tensor, u: Tensor, t: int, config: VLAConfig, eye: Tensor) -> Tensor:
+    """``A_t`` from ``A_{t-1}`` at 0-based token ``t`` (spec §2.3): the Sherman–Morrison downdate
+    ``A − s sᵀ/δ``, ``s = A u``, ``δ = max(1 + uᵀs, sm_floor)`` — i.e. ``A_t = (M_{t-1} +
+    u uᵀ)^{-1}`` — then the nudge ``+ nudge_eta·I`` after every ``nudge_period``-th step.
+
+    ``A`` ``[..., dk, dk]``, ``u`` ``[..., dk]``, ``eye`` the ``dk × dk`` identity.  Shared by the
+    sequential backend and the chunked one's step-by-step penalty chain (never by the oracle).
+    """
+    s = _matvec(A, u)
+    delta = torch.clamp_min(1 + _dot(u, s), config.sm_floor)
+    A = A - _outer(s, s) / delta[..., None, None]
+    if config.nudges_at(t + 1):
+        A = A + config.nudge_eta * eye
+    return A
+
+
 def recurrent(
     q: Tensor,
     k: Tensor,
@@ -186,12 +203,7 @@ def recurrent(
     for t in range(T):
         q_t, k_t, v_t, u_t = q[:, t], k[:, t], v[:, t], u[:, t]  # [B, H, D]
         if variant == "vla":
-            # Sherman–Morrison: A_t = (M_{t-1} + u uᵀ)^{-1}, the denominator floored.
-            s = _matvec(A, u_t)
-            delta = torch.clamp_min(1 + _dot(u_t, s), config.sm_floor)
-            A = A - _outer(s, s) / delta[..., None, None]
-            if config.nudges_at(t + 1):
-                A = A + config.nudge_eta * eye
+            A = penalty_step(A, u_t, t, config, eye)
             k_hat = normalize(k_t, eps)
             alpha = _matvec(A, k_hat)  # the UPDATED A_t (spec §2.3)
             gate = normalize(alpha, eps) if config.normalize_gate else alpha
