@@ -163,6 +163,50 @@ def test_value_blocks_and_checkpoint_every_agree() -> None:
         assert torch.equal(a, b)
 
 
+def test_refuses_unknown_schedule() -> None:
+    tf = _fused()
+    x = [torch.ones(1, 2, 1, 2, device=DEVICE) for _ in range(4)]
+    with pytest.raises(UnsupportedConfigurationError, match="schedule") as info:
+        tf.fused_recurrent_vla(*x, schedule="three_pass")
+    assert info.value.argument == "schedule"
+
+
+@pytest.mark.parametrize("name", ["paper", "nudge3_ungated", "exact_raw_out_floor"])
+def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
+    """The two-pass forward (gate kernel, then state kernel) runs the same operations as the
+    fused one: in the interpreter (one rounding order) outputs, final state, the checkpoints the
+    backward starts from, and so the gradients are bitwise equal; with dk != dv, several value
+    blocks and a given initial state."""
+    if CUDA:
+        pytest.skip("bitwise only in the interpreter; on the GPU test_gpu_validate covers it")
+    tf = _fused()
+    case = _case(8, T=11, dk=6, dv=40)
+    results = []
+    for schedule in ("fused", "two_pass"):
+        xs = [
+            torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in case.arrays().values()
+        ]
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4],
+            config=CONFIGS[name],
+            initial_state=tuple(xs[4:]),
+            schedule=schedule,
+            block_v=16,
+            checkpoint_every=4,
+        )
+        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
+        results.append([o, S, A, z, *grads])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_validate_two_pass(dtype: str) -> None:
+    backend = _backend().bind(schedule="two_pass")
+    report = _validate_small(backend, CONFIGS["tiny_out_eps"], dtype, seed=13)
+    assert report.passed, report.summary()
+
+
 # -- gradients against the PyTorch sequential backend --------------------------------------------
 
 _GRAD_NAMES = ("q", "k", "v", "u", "S0", "A0", "z0")
@@ -258,13 +302,21 @@ def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
 # -- the checks can fail: planted bugs -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
-def test_planted_forward_bug_is_rejected(bug: str) -> None:
+def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     tf = _fused()
 
     def fn(q, k, v, u, *, config, initial_state=None):
         o, st = tf.fused_recurrent_vla(
-            q, k, v, u, config=config, initial_state=initial_state, planted_bug=bug
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            initial_state=initial_state,
+            planted_bug=bug,
+            schedule=schedule,
         )
         return o, tuple(x.to(q.dtype) for x in st)
 
@@ -289,7 +341,8 @@ def test_planted_backward_bug_is_rejected() -> None:
 # -- NaN-poisoned buffers, refusals, availability -----------------------------------------------
 
 
-def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
+def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
     """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
     kernel forgets to write (outputs, states, gradients, scratch read before written) shows."""
     tf = _fused()
@@ -301,7 +354,7 @@ def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None
             for a in case.arrays().values()
         ]
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4, schedule=schedule
         )
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         return [o, S, A, z, *grads]

@@ -9,8 +9,9 @@
      float64, budget from that backend in float32 (spec §4 criterion, factor 2);
    - T = 65536 (B = 1, H = 16, D = 64, bf16): forward and backward finite;
    - every buffer the backend allocates poisoned with NaN: outputs and gradients still identical.
-2. Kernel configuration sweep (num_warps, block_v) at T = 4096 per D; the fastest is used below
-   (the "exact" downdate is timed beside it, for its cost).
+2. Kernel configuration sweep (forward schedule fused / two-pass, num_warps, the gate kernel's
+   warps, block_v) at T = 4096 per D; the fastest is used below (the "exact" downdate is timed
+   beside it, for its cost; two-pass rows carry per-kernel times from torch.profiler).
 3. The grid of the issue: B = 1, H = 16, D ∈ {64, 128}, bf16, T ∈ {1k, 4k, 16k, 64k}, fwd and
    fwdbwd; ops vla_triton_fused, vla_torch_sequential (T = 1024 only), fla's fused recurrent
    DPLR (fwd) and delta (fwd, fwdbwd) when ``import fla`` works, SDPA.
@@ -41,26 +42,22 @@ def check_validate(smoke: bool, device: str) -> dict:
     from vla_verify import VLAConfig, backends, validate
     from vla_verify.properties.strategies import ShapeBounds
 
-    be = backends.get("triton_fused")
     out = {}
+    wide = ShapeBounds(max_B=1, max_H=2, max_T=64, max_dk=128, max_dv=128)
+    # (dtype, config, bounds, examples, backend options): both forward schedules, both dtypes.
     plans = [
-        ("float32", VLAConfig(), ShapeBounds(), 40),
-        ("float32", VLAConfig(nudge_period=3, normalize_gate=False), ShapeBounds(), 20),
-        (
-            "float32",
-            VLAConfig(),
-            ShapeBounds(max_B=1, max_H=2, max_T=64, max_dk=128, max_dv=128),
-            8,
-        ),
-        ("bfloat16", VLAConfig(), ShapeBounds(), 40),
-        (
-            "bfloat16",
-            VLAConfig(),
-            ShapeBounds(max_B=1, max_H=2, max_T=64, max_dk=128, max_dv=128),
-            8,
-        ),
-    ]
-    for i, (dtype, config, bounds, n) in enumerate(plans):
+        ("float32", VLAConfig(), ShapeBounds(), 40, {}),
+        ("float32", VLAConfig(nudge_period=3, normalize_gate=False), ShapeBounds(), 20, {}),
+        ("float32", VLAConfig(), wide, 8, {"schedule": "fused"}),
+        ("float32", VLAConfig(), wide, 8, {"schedule": "two_pass"}),
+        ("float32", VLAConfig(nudge_period=3, normalize_gate=False), ShapeBounds(), 20,
+         {"schedule": "two_pass"}),
+        ("bfloat16", VLAConfig(), ShapeBounds(), 40, {}),
+        ("bfloat16", VLAConfig(), wide, 8, {"schedule": "fused"}),
+        ("bfloat16", VLAConfig(), wide, 8, {"schedule": "two_pass"}),
+    ]  # fmt: skip
+    for i, (dtype, config, bounds, n, options) in enumerate(plans):
+        be = backends.get("triton_fused", **options)
         if smoke:
             n, bounds = 2, ShapeBounds(max_T=12)
         start = time.perf_counter()
@@ -82,6 +79,7 @@ def check_validate(smoke: bool, device: str) -> dict:
             "seconds": round(time.perf_counter() - start, 1),
             "config": repr(config),
             "max_dk": bounds.max_dk,
+            "options": options,
         }
         log(f"[check] {key}: {report.summary().splitlines()[0]}")
         if not report.passed:
@@ -110,10 +108,18 @@ def check_gradients(smoke: bool, device: str) -> dict:
 
     ref = backends.get("torch")
     out = {}
-    shapes = [(1, 12, 2, 5, 6)] if smoke else [(1, 96, 2, 16, 24), (2, 200, 2, 64, 64)]
+    shapes = (
+        [(1, 12, 2, 5, 6, "two_pass")]
+        if smoke
+        else [
+            (1, 96, 2, 16, 24, "fused"),
+            (2, 200, 2, 64, 64, "auto"),
+            (1, 40, 2, 96, 80, "two_pass"),
+        ]
+    )
     names = ("q", "k", "v", "u", "S0", "A0", "z0")
     reduce = ("o", "o", "o", "o", "S", "A", "z")
-    for si, (B, T, H, dk, dv) in enumerate(shapes):
+    for si, (B, T, H, dk, dv, schedule) in enumerate(shapes):
         for config in (VLAConfig(nudge_period=7), VLAConfig.exact(normalize_gate=False)):
             rng = np.random.default_rng(si)
             q = np.abs(rng.standard_normal((B, T, H, dk))) + 0.1
@@ -129,8 +135,8 @@ def check_gradients(smoke: bool, device: str) -> dict:
             cot = [rng.standard_normal(x.shape) for x in (v, S0, A0, z0)]
             cot[0] = rng.standard_normal((B, T, H, dv))
 
-            def kernel(*a, **kw):
-                return fused_recurrent_vla(*a, **kw, checkpoint_every=16)
+            def kernel(*a, schedule=schedule, **kw):
+                return fused_recurrent_vla(*a, **kw, checkpoint_every=16, schedule=schedule)
 
             r64 = _grads(ref, arrays, cot, torch.float64, config, device)
             r32 = _grads(ref, arrays, cot, torch.float32, config, device)
@@ -154,7 +160,7 @@ def check_gradients(smoke: bool, device: str) -> dict:
                 for n, red, g, r, b in zip(names, reduce, k32, r64, r32, strict=True)
             }
             tag = "nudge7" if config.nudge_period else "ungated"
-            key = f"grad_{B}x{T}x{H}x{dk}x{dv}_{tag}"
+            key = f"grad_{B}x{T}x{H}x{dk}x{dv}_{tag}_{schedule}"
             out[key] = {
                 "passed": all(x <= 1 for x in gate.values()),
                 "float64_error_over_budget": gate,
@@ -172,22 +178,25 @@ def check_long_and_poison(smoke: bool, device: str) -> dict:
     from vla_verify.backends import triton_fused as tf
 
     out = {}
-    B, T, H, D = (1, 40, 2, 8) if smoke else (1, 65536, 16, 64)
-    g = torch.Generator(device=device).manual_seed(0)
-    q = (F.elu(torch.randn(B, T, H, D, device=device, generator=g)) + 1).bfloat16()
-    k = (F.elu(torch.randn(B, T, H, D, device=device, generator=g)) + 1).bfloat16()
-    v = torch.randn(B, T, H, D, device=device, generator=g).bfloat16()
-    u = (
-        F.normalize(torch.randn(B, T, H, D, device=device, generator=g), dim=-1) / D**0.5
-    ).bfloat16()
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, u)]
-    o, st = tf.fused_recurrent_vla(*leaves)
-    grads = torch.autograd.grad(o.float().square().mean(), leaves)
-    finite = bool(torch.isfinite(o).all()) and all(
-        bool(torch.isfinite(x).all()) for x in (*st, *grads)
-    )
-    out[f"finite_T{T}"] = {"passed": finite, "max_abs_o": float(o.detach().float().abs().max())}
-    log(f"[check] finite at T={T} (fwd+bwd): {finite}")
+    for D in (8,) if smoke else (64, 128):  # D = 128 takes the two-pass forward (auto)
+        B, T, H = (1, 40, 2) if smoke else (1, 65536, 16)
+        g = torch.Generator(device=device).manual_seed(0)
+        q = (F.elu(torch.randn(B, T, H, D, device=device, generator=g)) + 1).bfloat16()
+        k = (F.elu(torch.randn(B, T, H, D, device=device, generator=g)) + 1).bfloat16()
+        v = torch.randn(B, T, H, D, device=device, generator=g).bfloat16()
+        u = (
+            F.normalize(torch.randn(B, T, H, D, device=device, generator=g), dim=-1) / D**0.5
+        ).bfloat16()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, u)]
+        o, st = tf.fused_recurrent_vla(*leaves)
+        grads = torch.autograd.grad(o.float().square().mean(), leaves)
+        finite = bool(torch.isfinite(o).all()) and all(
+            bool(torch.isfinite(x).all()) for x in (*st, *grads)
+        )
+        key = f"finite_T{T}_D{D}"
+        out[key] = {"passed": finite, "max_abs_o": float(o.detach().float().abs().max())}
+        log(f"[check] finite at T={T}, D={D} (fwd+bwd): {finite}")
+        del o, st, grads, leaves
 
     # NaN-poisoned allocations: every empty/empty_like of the backend filled with NaN.
     Ts = 37
@@ -199,71 +208,99 @@ def check_long_and_poison(smoke: bool, device: str) -> dict:
         torch.rand(2, 2, 16, device=device),
     )
 
-    def run():
+    def run(schedule):
         ls = [x.clone().requires_grad_() for x in (*xs, *state)]
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *ls[:4], initial_state=tuple(ls[4:]), checkpoint_every=8
+            *ls[:4], initial_state=tuple(ls[4:]), checkpoint_every=8, schedule=schedule
         )
         gs = torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), ls)
         return [o, S, A, z, *gs]
 
-    clean = run()
     real_empty, real_like = torch.empty, torch.empty_like
-    tf.torch.empty = lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan"))
-    tf.torch.empty_like = lambda *a, **kw: real_like(*a, **kw).fill_(float("nan"))
-    try:
-        poisoned = run()
-    finally:
-        tf.torch.empty, tf.torch.empty_like = real_empty, real_like
-    same = all(torch.equal(a, b) for a, b in zip(clean, poisoned, strict=True))
-    out["nan_poisoned_buffers"] = {"passed": same}
-    log(f"[check] NaN-poisoned buffers give identical outputs and gradients: {same}")
+    for schedule in ("fused", "two_pass"):
+        clean = run(schedule)
+        tf.torch.empty = lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan"))
+        tf.torch.empty_like = lambda *a, **kw: real_like(*a, **kw).fill_(float("nan"))
+        try:
+            poisoned = run(schedule)
+        finally:
+            tf.torch.empty, tf.torch.empty_like = real_empty, real_like
+        same = all(torch.equal(a, b) for a, b in zip(clean, poisoned, strict=True))
+        out[f"nan_poisoned_buffers_{schedule}"] = {"passed": same}
+        log(
+            f"[check] {schedule}: NaN-poisoned buffers give identical outputs and gradients: {same}"
+        )
     return out
 
 
+def _kernel_times(fn, device: str) -> dict[str, float]:
+    """Milliseconds per call of each GPU kernel ``fn`` launches (torch.profiler, 5 calls)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if device != "cuda":
+        return {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if us:
+            times[ev.key] = round(us / 5 / 1e3, 4)
+    return times
+
+
 def sweep(smoke: bool) -> tuple[dict, list]:
-    """num_warps / block_v at T = 4096 per D; returns {D: best options} and the rows."""
+    """Forward schedule, num_warps, gate warps, block_v at T = 4096 per D; returns
+    {D: best options} and the rows (each two-pass row with its per-kernel times)."""
     import torch
 
     from vla_verify.bench import _inputs, make_ops, time_ms
 
     best: dict[int, dict] = {}
     rows = []
-    # (num_warps, block_v, downdate); None = the backend's default.  The "exact" downdate is
-    # timed beside the default for the record (its cost), never chosen.
+
+    def fused(nw, bv=None, downdate="fma"):
+        return {"schedule": "fused", "num_warps": nw, "block_v": bv, "downdate": downdate}
+
+    def two(gate_warps, nw=None, bv=None):
+        return {"schedule": "two_pass", "gate_num_warps": gate_warps, "num_warps": nw,
+                "block_v": bv, "downdate": "fma"}  # fmt: skip
+
+    # None = the backend's default.  The "exact" downdate is timed beside the default for the
+    # record (its cost), never chosen.
     space = {
-        64: [
-            (2, None, "fma"),
-            (4, None, "fma"),
-            (8, None, "fma"),
-            (2, 32, "fma"),
-            (None, None, "exact"),
+        64: [fused(2), two(2), two(4), two(2, nw=2), two(2, bv=32), fused(None, None, "exact")],
+        128: [
+            fused(4, 32),
+            two(4),
+            two(8),
+            two(16),
+            two(4, nw=1),
+            two(4, nw=4),
+            two(4, bv=32),
+            fused(None, None, "exact"),
         ],
-        128: [(4, None, "fma"), (8, None, "fma"), (4, 32, "fma"), (None, None, "exact")],
     }
     if smoke:
-        space = {16: [(4, None, "fma"), (None, None, "exact")]}
+        space = {16: [fused(4), two(2), fused(None, None, "exact")]}
+    device = "cpu" if smoke else "cuda"
     for D, cands in space.items():
-        x = _inputs(
-            1,
-            64 if smoke else 4096,
-            2 if smoke else 16,
-            D,
-            torch.bfloat16,
-            "cpu" if smoke else "cuda",
-        )
-        for nw, bv, downdate in cands:
-            opts = {"num_warps": nw, "block_v": bv, "downdate": downdate}
+        x = _inputs(1, 64 if smoke else 4096, 2 if smoke else 16, D, torch.bfloat16, device)
+        for opts in cands:
             try:
                 fn = make_ops(x, smoke=smoke, triton_options=opts)["vla_triton_fused", "fwd"]
                 fn()
                 ms = time_ms(fn, smoke=smoke)
+                kernels = _kernel_times(fn, device) if opts["schedule"] == "two_pass" else {}
             except Exception as exc:
                 log(f"[sweep] D={D} {opts}: FAILED {type(exc).__name__}: {exc}")
                 continue
-            rows.append({"D": D, "T": 4096, **opts, "median_ms": ms})
-            log(f"[sweep] D={D} num_warps={nw} block_v={bv} downdate={downdate}: {ms:.3f} ms")
-            if downdate == "fma" and (D not in best or ms < best[D]["_ms"]):
+            rows.append({"D": D, "T": 4096, **opts, "median_ms": ms, "kernels_ms": kernels})
+            log(f"[sweep] D={D} {opts}: {ms:.3f} ms {kernels}")
+            if opts["downdate"] == "fma" and (D not in best or ms < best[D]["_ms"]):
                 best[D] = {**opts, "_ms": ms}
     return {D: {k: v for k, v in o.items() if k != "_ms"} for D, o in best.items()}, rows
 
@@ -272,6 +309,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     p.add_argument("--skip-checks", action="store_true", help="time without the gates (debug)")
+    p.add_argument("--sweep-only", action="store_true", help="gates and the sweep, no grid")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="where fused.json goes")
     args = p.parse_args()
     if args.smoke:
@@ -306,6 +344,10 @@ def main() -> int:
         return 1
     best, rows = sweep(args.smoke)
     result["tuning"] = {"chosen": best, "rows": rows}
+    if args.sweep_only:
+        (out / "fused.json").write_text(json.dumps(result, indent=1, default=str))
+        log(f"sweep only: {time.perf_counter() - t0:.0f} s; wrote {out / 'fused.json'}")
+        return 0
     if args.smoke:
         records = run_grid(Ts=(16, 32), Ds=(16,), H=2, smoke=True, triton_options=best, log=log)
     else:

@@ -37,6 +37,7 @@ __all__ = [
     "DOWNDATES",
     "MAX_HEAD_DIM",
     "PLANTED_BUGS",
+    "SCHEDULES",
     "FusedRecurrentVLAFunction",
     "TritonFusedBackend",
     "availability_reason",
@@ -97,17 +98,20 @@ def _params(config: VLAConfig, dtype: torch.dtype, device: torch.device) -> torc
     )
 
 
-def _default_block_v(B: int, H: int, dk: int, dv: int, device: torch.device) -> int:
-    """Value rows per program: split dv until B·H·NV programs fill the SMs (each program redoes
-    the dk×dk penalty chain, which costs no wall time while SMs would otherwise idle).
+def _default_block_v(
+    B: int, H: int, dk: int, dv: int, device: torch.device, two_pass: bool = False
+) -> int:
+    """Value rows per program: split dv until B·H·NV programs fill the SMs.
 
-    Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the BK = 128 forward with 16 rows
-    compiled to a spilling kernel, 129 ms against 19.4 ms with 32 rows at T = 4096
-    (``benchmarks/results/h200/fused.json``, ``tuning``)."""
+    Fused: each program redoes the dk×dk penalty chain, which costs no wall time while SMs
+    would otherwise idle.  Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the
+    BK = 128 fused forward with 16 rows compiled to a spilling kernel, 129 ms against 19.4 ms
+    with 32 rows at T = 4096 (``benchmarks/results/h200/fused.json``, ``tuning``).  Two-pass:
+    the state pass holds no ``A``, so 16 rows are always allowed."""
     bv = _pow2(dv)
     if device.type != "cuda" or interpreted():
         return bv
-    least = 32 if dk > 64 else 16
+    least = 32 if dk > 64 and not two_pass else 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     while bv > least and B * H * triton.cdiv(dv, bv // 2) <= sms:
         bv //= 2
@@ -115,11 +119,35 @@ def _default_block_v(B: int, H: int, dk: int, dv: int, device: torch.device) -> 
 
 
 def _default_warps(bk: int, bv: int) -> int:
-    """Warps per forward program, from the H200 A/B (benchmarks/results/h200/variants.json):
+    """Warps per fused forward program, from the H200 A/B (benchmarks/results/h200/variants.json):
     the step is a chain of dependent reductions, and fewer warps mean cheaper cross-warp
     exchanges.  At dk = 128, 4 warps (128 ``A`` entries per thread, a few spilled registers)
     measured 19.4 ms at T = 4096 against 352 ms with 8 warps (``fused.json``, ``tuning``)."""
     return 4 if bk * (bk + bv) > 64 * (64 + 64) else 2
+
+
+def _default_gate_warps(bk: int) -> int:
+    """Warps of the two-pass gate kernel, which holds only ``Aᵀ`` ``[BK, BK]``.
+
+    From the SASS of Triton 3.9 for sm_90 (``benchmarks/NOTES_triton.md``): at BK = 128, 4 warps
+    compile to 232 registers and no spills (1388 instructions per token), where 8 warps spill
+    (779 ``STL`` per token) and 16 spill less but run 4x the threads; BK = 64 takes 2 warps."""
+    return max(2, bk * bk // 4096)
+
+
+def _default_state_warps(bk: int, bv: int) -> int:
+    """Warps of the two-pass state kernel (``Sᵀ`` ``[BK, BV]``, 32 entries per thread)."""
+    return max(1, min(4, bk * bv // (32 * 32)))
+
+
+#: Forward schedules (option ``schedule``; :func:`fused_recurrent_vla`).
+SCHEDULES: tuple[str, ...] = ("auto", "fused", "two_pass")
+
+
+def _two_pass(schedule: str, dk: int) -> bool:
+    """Whether ``schedule`` runs the two-pass forward: ``auto`` takes it for dk > 64, where the
+    fused program's ``A`` and ``S`` tiles compete for registers."""
+    return schedule == "two_pass" or (schedule == "auto" and dk > 64)
 
 
 def _check_run(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -158,13 +186,16 @@ def _forward(
     num_warps: int | None,
     bug: int,
     downdate: int = 0,
+    schedule: str = "auto",
+    gate_num_warps: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     bk = _pow2(dk)
-    bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev)
+    two_pass = _two_pass(schedule, dk)
+    bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     sT = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
@@ -181,40 +212,32 @@ def _forward(
         ck = None
     s0, a0, z0 = state0 if state0 is not None else (sT, aT, zT)  # unused pointers when absent
     cks, cka, ckz = ck if ck is not None else (sT, aT, zT)
-    kernels.vla_fwd_kernel[(nv, B * H)](
-        q,
-        k,
-        v,
-        u,
-        o,
-        s0,
-        a0,
-        z0,
-        sT,
-        aT,
-        zT,
-        cks,
-        cka,
-        ckz,
-        _params(config, acc, dev),
-        T,
-        H,
-        dk,
-        dv,
-        config.nudge_period or _NEVER,
-        checkpoint_every,
-        nc,
-        BK=bk,
-        BV=bv,
-        HAS_INIT=state0 is not None,
-        SAVE_CKPT=save_checkpoints,
-        NORM_GATE=config.normalize_gate,
-        NORM_OUT=config.normalize_output,
-        ACC=acc_tl,
-        BUG=bug,
-        DOWNDATE=downdate,
-        num_warps=num_warps or _default_warps(bk, bv),
-    )
+    params = _params(config, acc, dev)
+    flags = {"HAS_INIT": state0 is not None, "SAVE_CKPT": save_checkpoints, "ACC": acc_tl}
+    if not two_pass:
+        kernels.vla_fwd_kernel[(nv, B * H)](
+            q, k, v, u, o, s0, a0, z0, sT, aT, zT, cks, cka, ckz, params,
+            T, H, dk, dv, config.nudge_period or _NEVER, checkpoint_every, nc,
+            BK=bk, BV=bv, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
+            BUG=bug, DOWNDATE=downdate, num_warps=num_warps or _default_warps(bk, bv), **flags,
+        )  # fmt: skip
+        return o, (sT, aT, zT), ck
+    # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
+    # through global memory, (B·H·T·(2·BK + 2)) floats, which the state pass reads back.
+    kh = torch.empty(B * H, T, bk, dtype=acc, device=dev)
+    ah = torch.empty(B * H, T, bk, dtype=acc, device=dev)
+    sc = torch.empty(B * H, T, 2, dtype=acc, device=dev)
+    kernels.vla_gate_kernel[(B * H,)](
+        q, k, u, kh, ah, sc, a0, z0, aT, zT, cka, ckz, params,
+        T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc,
+        BK=bk, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+        num_warps=gate_num_warps or _default_gate_warps(bk), **flags,
+    )  # fmt: skip
+    kernels.vla_state_kernel[(nv, B * H)](
+        q, v, kh, ah, sc, o, s0, sT, cks, params, T, H, dk, dv, checkpoint_every, nc,
+        BK=bk, BV=bv, NORM_OUT=config.normalize_output,
+        num_warps=num_warps or _default_state_warps(bk, bv), **flags,
+    )  # fmt: skip
     return o, (sT, aT, zT), ck
 
 
@@ -254,6 +277,8 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             num_warps=options["num_warps"],
             bug=options["bug"],
             downdate=options["downdate"],
+            schedule=options["schedule"],
+            gate_num_warps=options["gate_num_warps"],
         )
         if save:
             assert ck is not None
@@ -348,6 +373,8 @@ def fused_recurrent_vla(
     block_v: int | None = None,
     num_warps: int | None = None,
     downdate: str = "fma",
+    schedule: str = "auto",
+    gate_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -363,7 +390,8 @@ def fused_recurrent_vla(
     checkpoint_every : C, tokens between the state checkpoints that the backward recomputes
         from (memory ``⌈T/C⌉`` states per (b, h); rounding of the in-chunk reversal grows with C).
     block_v : value rows per program (power of two ≥ 16; default: fill the SMs).
-    num_warps : warps per forward program (default 2, or 4 when dk = 128).
+    num_warps : warps per forward program (fused: default 2, or 4 when dk = 128; two-pass:
+        the state kernel's, default 1-4 by tile size).
     downdate : the forward's Sherman–Morrison downdate of ``A``: ``"fma"`` (default;
         ``fma(−s_i s_j, 1/δ, A)``, a multiply and a fused multiply-add per entry, the oracle's
         error bound) or ``"exact"`` (each ``s_i s_j / δ`` a correctly rounded division, the
@@ -371,6 +399,12 @@ def fused_recurrent_vla(
         ``benchmarks/results/h200/variants.json``).  float64 inputs always take ``"exact"``.
         The backward's recomputation uses the forward's downdate, so that it retraces the
         forward's rounding.
+    schedule : ``"fused"`` (one kernel: every program runs the whole step, the penalty chain
+        redone per value block), ``"two_pass"`` (a gate kernel per (b, h) holding only ``A``
+        writes ``k̂, α̂`` and two scalars per token; a state kernel per value block reads them:
+        same operations, same rounding) or ``"auto"`` (two-pass for dk > 64, where ``A`` and
+        ``S`` do not fit one program's registers together).  The backward is the same for both.
+    gate_num_warps : warps of the two-pass gate kernel (default 2, or 4 when dk = 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -400,6 +434,10 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
         )
+    if schedule not in SCHEDULES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"schedule must be one of {SCHEDULES}, got {schedule!r}", "schedule"
+        )
     bug = 0 if planted_bug is None else PLANTED_BUGS[planted_bug]
     options = {
         # float64 is the reference-grade path: it keeps the oracle's order of operations (the
@@ -408,6 +446,8 @@ def fused_recurrent_vla(
         "checkpoint_every": int(checkpoint_every),
         "block_v": block_v,
         "num_warps": num_warps,
+        "schedule": schedule,
+        "gate_num_warps": gate_num_warps,
         "bug": bug,
     }
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))
@@ -422,7 +462,8 @@ class TritonFusedBackend(Backend):
     """Registry name ``triton_fused``: :func:`fused_recurrent_vla` as a spec §4 callable.
 
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
-    ``num_warps``, ``checkpoint_every``, ``downdate`` (see :func:`fused_recurrent_vla`).
+    ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps`` (see
+    :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -435,7 +476,14 @@ class TritonFusedBackend(Backend):
         differentiable=True,
         max_head_dim=MAX_HEAD_DIM,
         requires=("torch", "triton"),
-        options={"block_v": None, "num_warps": None, "checkpoint_every": 64, "downdate": "fma"},
+        options={
+            "block_v": None,
+            "num_warps": None,
+            "checkpoint_every": 64,
+            "downdate": "fma",
+            "schedule": "auto",
+            "gate_num_warps": None,
+        },
     )
 
     def availability(self) -> str | None:
@@ -472,5 +520,7 @@ class TritonFusedBackend(Backend):
             block_v=self.options["block_v"],
             num_warps=self.options["num_warps"],
             downdate=str(self.options["downdate"]),
+            schedule=str(self.options["schedule"]),
+            gate_num_warps=self.options["gate_num_warps"],
         )
         return o, tuple(x.to(q.dtype) for x in state)

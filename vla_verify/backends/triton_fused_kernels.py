@@ -172,50 +172,45 @@ def _sum_pair(a, b, axis: tl.constexpr):
 
 
 @triton.jit
-def _vla_step_t(
+def _key_t(z, k, q, norm_eps, ACC: tl.constexpr):
+    """The key half of a step (spec §2.3): ``z_t = z_{t-1} + k``, ``k̂ = k / max(‖k‖, norm_eps)``
+    and the read-out denominator's ``z_tᵀq``, with ``‖k‖²`` and ``z_tᵀq`` in one reduction."""
+    z = z + k
+    kk, zq = _sum_pair(k * k, z * q, 0)
+    knorm = _sqrt(kk, ACC)
+    kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
+    return z, kh, zq
+
+
+@triton.jit
+def _gate_t(
     At,
-    St,
-    z,
-    q,
-    k,
-    v,
+    kh,
     u,
+    q,
     t,
     eye,
     nudge_period,
     nudge_eta,
     sm_floor,
-    out_eps,
     norm_eps,
     NORM_GATE: tl.constexpr,
-    NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
 ):
-    """The step of :func:`_vla_step` on transposed tiles, for the forward kernel.
+    """The penalty half of a step on the transposed tile ``At[j, i] = A[i, j]`` ``[BK, BK]``:
+    Sherman–Morrison downdate by ``u``, the nudge, and the gate ``α̂`` from the UPDATED ``A_t``
+    (spec §2.3).  Returns ``(At, α̂, α̂ᵀq)``.
 
-    ``At[j, i] = A[i, j]`` ``[BK, BK]`` and ``St[j, r] = S[r, j]`` ``[BK, BV]`` (the layout of
-    fla's ``h [K, V]``).  Every matrix-vector product of the step, ``A u``, ``A k̂``, ``S k̂`` and
-    ``S q``, is then a sum down axis 0.  Why: Triton lays a tile's columns across the 32 lanes of
-    a warp, so a sum along axis 1 costs a 5-level shuffle butterfly *per row a thread holds*
-    (~500 SHFL per step in the SASS of :func:`_vla_step` at BK = 64), where a sum along axis 0
-    is a thread-local chain of adds plus one cross-warp exchange.  Independent sums share one
-    reduction (:func:`_sum_pair`), so the step's critical path is five reductions: ``(‖k‖²,
-    z_tᵀq)``, ``A u``, ``uᵀs``, ``A_t k̂``, ``(‖α‖², αᵀq)``; ``(S k̂, S q)`` runs beside them.
-    Same mathematics as :func:`_vla_step` (the gate is still a second pass, over the updated
-    ``A_t``); returns ``(At, St, z, o)``.
+    Every product is a sum down axis 0 of the tile (see :func:`_vla_step_t`); ``‖α‖²`` and
+    ``αᵀq`` share one reduction.
     """
-    z = z + k
-    kk, zq = _sum_pair(k * k, z * q, 0)
-    knorm = _sqrt(kk, ACC)
-    kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
     if BUG == 1:
         s, Ak = _sum_pair(At * u[:, None], At * kh[:, None], 0)  # A_{t-1} u, A_{t-1} k̂
     else:
         s = tl.sum(At * u[:, None], axis=0)  # s_i = Σ_j A_ij u_j
         Ak = s  # unused
-    Sk, Sq = _sum_pair(St * kh[:, None], St * q[:, None], 0)  # [BV] each
     delta_raw = 1.0 + tl.sum(u * s, axis=0)
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -242,19 +237,92 @@ def _vla_step_t(
     else:
         alpha = tl.sum(At * kh[:, None], axis=0)  # α_i = Σ_j A_t[i, j] k̂_j
     aa, aq = _sum_pair(alpha * alpha, alpha * q, 0)
-    anorm = _sqrt(aa, ACC)
-    e = v - Sk
     if NORM_GATE:
-        rn = tl.maximum(anorm, norm_eps)
+        rn = tl.maximum(_sqrt(aa, ACC), norm_eps)
         ah = _div(alpha, rn, ACC)
         ahq = _div(aq, rn, ACC)
     else:
         ah = alpha
         ahq = aq
+    return At, ah, ahq
+
+
+@triton.jit
+def _state_read_t(St, kh, q):
+    """``(S_{t-1} k̂, S_{t-1} q)`` ``[BV]`` each from ``St[j, r] = S[r, j]`` ``[BK, BV]``, in one
+    reduction."""
+    return _sum_pair(St * kh[:, None], St * q[:, None], 0)
+
+
+@triton.jit
+def _state_write_t(St, Sk, Sq, ah, ahq, zq, v, out_eps, NORM_OUT: tl.constexpr, ACC: tl.constexpr):
+    """The state half of a step: ``e = v − S_{t-1}k̂``, ``S_t = S_{t-1} + e α̂ᵀ`` and the read-out
+    ``o_t = (S_{t-1}q + e (α̂ᵀq)) / max(z_tᵀq, out_eps)`` (spec §2.3; ``S_t q`` without a second
+    pass over ``S``).  Returns ``(St, o)``."""
+    e = v - Sk
     St = St + ah[:, None] * e[None, :]
     o = Sq + e * ahq
     if NORM_OUT:
         o = _div(o, tl.maximum(zq, out_eps), ACC)
+    return St, o
+
+
+@triton.jit
+def _vla_step_t(
+    At,
+    St,
+    z,
+    q,
+    k,
+    v,
+    u,
+    t,
+    eye,
+    nudge_period,
+    nudge_eta,
+    sm_floor,
+    out_eps,
+    norm_eps,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+):
+    """The step of :func:`_vla_step` on transposed tiles, for the fused forward kernel.
+
+    ``At[j, i] = A[i, j]`` ``[BK, BK]`` and ``St[j, r] = S[r, j]`` ``[BK, BV]`` (the layout of
+    fla's ``h [K, V]``).  Every matrix-vector product of the step, ``A u``, ``A k̂``, ``S k̂`` and
+    ``S q``, is then a sum down axis 0.  Why: Triton lays a tile's columns across the 32 lanes of
+    a warp, so a sum along axis 1 costs a 5-level shuffle butterfly *per row a thread holds*
+    (~500 SHFL per step in the SASS of :func:`_vla_step` at BK = 64), where a sum along axis 0
+    is a thread-local chain of adds plus one cross-warp exchange.  Independent sums share one
+    reduction (:func:`_sum_pair`), so the step's critical path is five reductions: ``(‖k‖²,
+    z_tᵀq)``, ``A u``, ``uᵀs``, ``A_t k̂``, ``(‖α‖², αᵀq)``; ``(S k̂, S q)`` is issued before the
+    penalty half so that it runs beside it.  Same mathematics as :func:`_vla_step` (the gate is
+    still a second pass, over the updated ``A_t``); the two-pass kernels
+    (:func:`vla_gate_kernel`, :func:`vla_state_kernel`) run the same four pieces.  Returns
+    ``(At, St, z, o)``.
+    """
+    z, kh, zq = _key_t(z, k, q, norm_eps, ACC)
+    Sk, Sq = _state_read_t(St, kh, q)
+    At, ah, ahq = _gate_t(
+        At,
+        kh,
+        u,
+        q,
+        t,
+        eye,
+        nudge_period,
+        nudge_eta,
+        sm_floor,
+        norm_eps,
+        NORM_GATE,
+        ACC,
+        BUG,
+        DOWNDATE,
+    )
+    St, o = _state_write_t(St, Sk, Sq, ah, ahq, zq, v, out_eps, NORM_OUT, ACC)
     return At, St, z, o
 
 
@@ -393,6 +461,189 @@ def vla_fwd_kernel(
     if i_v == 0:
         tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
         tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
+
+
+@triton.jit
+def vla_gate_kernel(
+    q_ptr,
+    k_ptr,
+    u_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    a0_ptr,
+    z0_ptr,
+    aT_ptr,
+    zT_ptr,
+    cka_ptr,
+    ckz_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    nudge_period,
+    CK,
+    NC,
+    BK: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+):
+    """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h).
+
+    Only ``Aᵀ`` ``[BK, BK]`` and ``z`` live in registers, so at dk = 128 the program can spread
+    ``A`` over more warps without the ``S`` tile competing for registers.  Writes, per token,
+    ``k̂`` and ``α̂`` to ``kh``, ``ah`` ``[B·H, T, BK]`` (``ACC``, zero past ``DK``) and
+    ``(α̂ᵀq, z_tᵀq)`` to ``sc`` ``[B·H, T, 2]``: everything the state pass
+    (:func:`vla_state_kernel`) needs.  Final ``A, z`` and (``SAVE_CKPT``) their checkpoints as
+    :func:`vla_fwd_kernel` writes them.
+    """
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    mk = ok < DK
+    m_kk = mk[:, None] & mk[None, :]
+    eye = (ok[:, None] == ok[None, :]) & m_kk
+    lam, sm_floor, nudge_eta, _out_eps, norm_eps = _load_params(p_ptr)
+    off_kk = ok[None, :] * DK + ok[:, None]  # the tile holds Aᵀ
+    if HAS_INIT:
+        A = tl.load(a0_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        z = tl.load(z0_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    else:
+        A = tl.where(eye, _div(1.0, lam, ACC), 0.0).to(ACC)
+        z = tl.zeros([BK], dtype=ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    stride_k = H * DK
+    kh_row = kh_ptr + i_bh * T * BK
+    ah_row = ah_ptr + i_bh * T * BK
+    sc_row = sc_ptr + i_bh * T * 2
+    q_n = tl.load(q_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    k_n = tl.load(k_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    u_n = tl.load(u_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    for t in range(T):
+        q_t = q_n
+        k_t = k_n
+        u_t = u_n
+        nk = base_k + tl.minimum(t + 1, T - 1) * stride_k
+        q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        if SAVE_CKPT:
+            if t % CK == 0:
+                c = (i_bh * NC + t // CK).to(tl.int64)
+                tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
+                tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+        z, kh, zq = _key_t(z, k_t, q_t, norm_eps, ACC)
+        A, ah, ahq = _gate_t(
+            A,
+            kh,
+            u_t,
+            q_t,
+            t,
+            eye,
+            nudge_period,
+            nudge_eta,
+            sm_floor,
+            norm_eps,
+            NORM_GATE,
+            ACC,
+            BUG,
+            DOWNDATE,
+        )
+        tl.store(kh_row + t * BK + ok, kh)
+        tl.store(ah_row + t * BK + ok, ah)
+        tl.store(sc_row + 2 * t, ahq)
+        tl.store(sc_row + 2 * t + 1, zq)
+    tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
+    tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
+
+
+@triton.jit
+def vla_state_kernel(
+    q_ptr,
+    v_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    o_ptr,
+    s0_ptr,
+    sT_ptr,
+    cks_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    CK,
+    NC,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Pass 2 of the two-pass forward: the state half of spec §2.3 for one (b, h) and block of
+    ``BV`` value rows, from the ``k̂, α̂, α̂ᵀq, z_tᵀq`` that :func:`vla_gate_kernel` wrote.
+
+    Given the gates, this is the generalized delta rule ``S_t = S_{t-1} + (v − S_{t-1}k̂) α̂ᵀ``:
+    one paired reduction per token.  Writes ``o`` ``[B, T, H, DV]`` (input dtype), the final
+    ``S`` and (``SAVE_CKPT``) its checkpoints as :func:`vla_fwd_kernel` does.
+    """
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < DK
+    mv = ov < DV
+    m_vk = mk[:, None] & mv[None, :]
+    off_vk = ov[None, :] * DK + ok[:, None]  # the tile holds Sᵀ
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    if HAS_INIT:
+        S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    stride_k = H * DK
+    stride_v = H * DV
+    kh_row = kh_ptr + i_bh * T * BK
+    ah_row = ah_ptr + i_bh * T * BK
+    sc_row = sc_ptr + i_bh * T * 2
+    q_n = tl.load(q_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
+    v_n = tl.load(v_ptr + base_v + ov, mask=mv, other=0.0).to(ACC)
+    kh_n = tl.load(kh_row + ok)
+    ah_n = tl.load(ah_row + ok)
+    ahq_n = tl.load(sc_row)
+    zq_n = tl.load(sc_row + 1)
+    for t in range(T):
+        q_t = q_n
+        v_t = v_n
+        kh = kh_n
+        ah = ah_n
+        ahq = ahq_n
+        zq = zq_n
+        t_next = tl.minimum(t + 1, T - 1)
+        q_n = tl.load(q_ptr + base_k + t_next * stride_k + ok, mask=mk, other=0.0).to(ACC)
+        v_n = tl.load(v_ptr + base_v + t_next * stride_v + ov, mask=mv, other=0.0).to(ACC)
+        kh_n = tl.load(kh_row + t_next * BK + ok)
+        ah_n = tl.load(ah_row + t_next * BK + ok)
+        ahq_n = tl.load(sc_row + 2 * t_next)
+        zq_n = tl.load(sc_row + 2 * t_next + 1)
+        if SAVE_CKPT:
+            if t % CK == 0:
+                c = (i_bh * NC + t // CK).to(tl.int64)
+                tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
+        Sk, Sq = _state_read_t(S, kh, q_t)
+        S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
+        tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
+    tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
 
 
 @triton.jit
@@ -630,4 +881,6 @@ __all__ = [
     "BUG_NUDGE_ONE_STEP_LATE",
     "vla_bwd_kernel",
     "vla_fwd_kernel",
+    "vla_gate_kernel",
+    "vla_state_kernel",
 ]
