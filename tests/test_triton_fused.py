@@ -174,18 +174,16 @@ def test_refuses_unknown_schedule() -> None:
 @pytest.mark.parametrize("name", ["paper", "nudge3_ungated", "exact_raw_out_floor"])
 def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
     """The two-pass forward (gate kernel, then state kernel) runs the same operations as the
-    fused one: in the interpreter (one rounding order) outputs, final state, the checkpoints the
-    backward starts from, and so the gradients are bitwise equal; with dk != dv, several value
-    blocks and a given initial state."""
+    fused one: in the interpreter (one rounding order) outputs and final state are bitwise equal,
+    with dk != dv, several value blocks and a given initial state.  (Its backward sums over value
+    blocks in another order: the gradient tests check it.)"""
     if CUDA:
         pytest.skip("bitwise only in the interpreter; on the GPU test_gpu_validate covers it")
     tf = _fused()
     case = _case(8, T=11, dk=6, dv=40)
     results = []
     for schedule in ("fused", "two_pass"):
-        xs = [
-            torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in case.arrays().values()
-        ]
+        xs = [torch.tensor(a, dtype=torch.float32) for a in case.arrays().values()]
         o, (S, A, z) = tf.fused_recurrent_vla(
             *xs[:4],
             config=CONFIGS[name],
@@ -194,8 +192,7 @@ def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
             block_v=16,
             checkpoint_every=4,
         )
-        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
-        results.append([o, S, A, z, *grads])
+        results.append([o, S, A, z])
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
 
@@ -233,7 +230,9 @@ def _grads(fn, case: Case, cot, dtype, config, **kw) -> list[np.ndarray]:
     return [g.detach().double().cpu().numpy() for g in torch.autograd.grad(loss, xs)]
 
 
-def _grad_check(config: VLAConfig, seed: int, dtype, bug: str | None = None, ck: int = 4) -> list:
+def _grad_check(
+    config: VLAConfig, seed: int, dtype, bug: str | None = None, ck: int = 4, **options
+) -> list:
     """Kernel gradients vs the float64 torch backend; budget from the same backend in float32.
 
     For a float64 kernel the error model of :mod:`vla_verify.error_model` rescales a float32
@@ -250,7 +249,7 @@ def _grad_check(config: VLAConfig, seed: int, dtype, bug: str | None = None, ck:
     ]
 
     def kernel(*a, **kw):
-        return tf.fused_recurrent_vla(*a, **kw, checkpoint_every=ck, planted_bug=bug)
+        return tf.fused_recurrent_vla(*a, **kw, checkpoint_every=ck, planted_bug=bug, **options)
 
     r64 = _grads(ref, case, cot, torch.float64, config)
     r32 = _grads(ref, case, cot, torch.float32, config)
@@ -275,12 +274,41 @@ GRAD_CONFIGS = {
 }
 
 
+#: The two-pass schedule with backward segments of two checkpoint chunks (T = 14: two segments;
+#: several value blocks: test_two_pass_backward_value_blocks).
+TWO_PASS = {"schedule": "two_pass", "backward_segment": 8}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
-def test_gradients_match_torch_sequential(name: str, dtype) -> None:
-    """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks."""
-    for g_name, c in _grad_check(GRAD_CONFIGS[name], seed=3, dtype=dtype):
+@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
+def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
+    """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks (and,
+    two-pass, several backward segments)."""
+    options = TWO_PASS if schedule == "two_pass" else {}
+    for g_name, c in _grad_check(GRAD_CONFIGS[name], seed=3, dtype=dtype, **options):
         assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+def test_two_pass_backward_value_blocks() -> None:
+    """The two-pass backward sums per-value-block partials: with dv = 40 over blocks of 16 rows
+    (three blocks, the last padded) and segments of one chunk, float64 gradients equal the fused
+    backward's to rounding."""
+    tf = _fused()
+    case = _case(9, T=11, dk=6, dv=40)
+    grads = []
+    for options in ({"schedule": "fused"}, {**TWO_PASS, "block_v": 16, "backward_segment": 4}):
+        xs = [torch.tensor(a, requires_grad=True) for a in case.arrays().values()]
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4],
+            config=VLAConfig(nudge_period=4),
+            initial_state=tuple(xs[4:]),
+            checkpoint_every=4,
+            **options,
+        )
+        grads.append(torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13 * (1 + float(b.abs().max())))
 
 
 def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
@@ -330,9 +358,13 @@ def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     assert bad is not None and bad.kind == "mismatch"
 
 
-def test_planted_backward_bug_is_rejected() -> None:
+@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
+def test_planted_backward_bug_is_rejected(schedule: str) -> None:
+    options = TWO_PASS if schedule == "two_pass" else {}
     checks = dict(
-        _grad_check(GRAD_CONFIGS["paper_nudge4"], 3, torch.float32, bug="backward_drops_dk_term")
+        _grad_check(
+            GRAD_CONFIGS["paper_nudge4"], 3, torch.float32, bug="backward_drops_dk_term", **options
+        )
     )
     assert not checks["k"].passed
     assert checks["v"].passed  # the planted bug touches dk only

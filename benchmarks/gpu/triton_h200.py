@@ -302,7 +302,46 @@ def sweep(smoke: bool) -> tuple[dict, list]:
             log(f"[sweep] D={D} {opts}: {ms:.3f} ms {kernels}")
             if opts["downdate"] == "fma" and (D not in best or ms < best[D]["_ms"]):
                 best[D] = {**opts, "_ms": ms}
-    return {D: {k: v for k, v in o.items() if k != "_ms"} for D, o in best.items()}, rows
+    chosen = {D: {k: v for k, v in o.items() if k != "_ms"} for D, o in best.items()}
+    # Backward: fwd+bwd at T = 2048 of the fused backward (after the fused forward) and of the
+    # two-pass one (after the two-pass forward) with its gate-backward warps; the fastest joins
+    # the chosen options when its forward is the chosen one.
+    bwd_space = {
+        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 4}],
+        128: [
+            fused(4, 32),
+            {**two(4), "num_warps": 4},
+            {**two(4), "num_warps": 4, "bwd_num_warps": 16},
+        ],
+    }
+    if smoke:
+        bwd_space = {16: [fused(4), two(2)]}
+    for D, cands in bwd_space.items():
+        x = _inputs(1, 64 if smoke else 2048, 2 if smoke else 16, D, torch.bfloat16, device)
+        fwdbwd = {}
+        for opts in cands:
+            try:
+                fn = make_ops(x, smoke=smoke, triton_options=opts)["vla_triton_fused", "fwdbwd"]
+                fn()
+                ms = time_ms(fn, smoke=smoke)
+                kernels = _kernel_times(fn, device)
+            except Exception as exc:
+                log(f"[sweep] fwdbwd D={D} {opts}: FAILED {type(exc).__name__}: {exc}")
+                continue
+            rows.append({"D": D, "T": 2048, "mode": "fwdbwd", **opts, "median_ms": ms,
+                         "kernels_ms": kernels})  # fmt: skip
+            log(f"[sweep] fwdbwd D={D} {opts}: {ms:.3f} ms {kernels}")
+            fwdbwd[ms] = opts
+        if fwdbwd and D in chosen:
+            fastest = fwdbwd[min(fwdbwd)]
+            if fastest["schedule"] == chosen[D]["schedule"]:
+                chosen[D] = {
+                    **chosen[D],
+                    **{k: fastest[k] for k in ("bwd_num_warps",) if k in fastest},
+                }
+                if fastest["schedule"] == "two_pass" and fastest.get("num_warps"):
+                    chosen[D]["num_warps"] = fastest["num_warps"]
+    return chosen, rows
 
 
 def main() -> int:
@@ -310,6 +349,12 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     p.add_argument("--skip-checks", action="store_true", help="time without the gates (debug)")
     p.add_argument("--sweep-only", action="store_true", help="gates and the sweep, no grid")
+    p.add_argument("--commit", default="", help="the commit measured (recorded in machine)")
+    p.add_argument(
+        "--tuning",
+        help="a fused.json of a --sweep-only run at the same --commit with green gates: reuse "
+        "its gates and chosen options, run only the grid (for the per-call time limit)",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="where fused.json goes")
     args = p.parse_args()
     if args.smoke:
@@ -323,10 +368,16 @@ def main() -> int:
         log("no CUDA GPU: run with --smoke on CPU")
         return 2
     t0 = time.perf_counter()
-    info = machine_info()
+    info = {**machine_info(), "commit": args.commit}
     log(f"machine: {json.dumps(info)}")
     correctness: dict = {}
-    if not args.skip_checks:
+    previous = json.loads(Path(args.tuning).read_text()) if args.tuning else None
+    if previous is not None:
+        if not args.commit or previous["machine"].get("commit") != args.commit:
+            log("--tuning needs a run at the same --commit")
+            return 2
+        correctness = {f"{k} (run {args.tuning})": v for k, v in previous["correctness"].items()}
+    elif not args.skip_checks:
         for check in (check_validate, check_gradients, check_long_and_poison):
             try:
                 correctness.update(check(args.smoke, device))
@@ -342,8 +393,12 @@ def main() -> int:
         (out / "fused.json").write_text(json.dumps(result, indent=1, default=str))
         log("correctness gates are red: no timings reported")
         return 1
-    best, rows = sweep(args.smoke)
-    result["tuning"] = {"chosen": best, "rows": rows}
+    if previous is not None:
+        result["tuning"] = previous["tuning"]
+        best = {int(D): o for D, o in previous["tuning"]["chosen"].items()}
+    else:
+        best, rows = sweep(args.smoke)
+        result["tuning"] = {"chosen": best, "rows": rows}
     if args.sweep_only:
         (out / "fused.json").write_text(json.dumps(result, indent=1, default=str))
         log(f"sweep only: {time.perf_counter() - t0:.0f} s; wrote {out / 'fused.json'}")

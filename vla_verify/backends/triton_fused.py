@@ -231,7 +231,7 @@ def _forward(
     sc = torch.empty(B * H, T, 2, dtype=acc, device=dev)
     kernels.vla_gate_kernel[(B * H,)](
         q, k, u, kh, ah, sc, a0, z0, aT, zT, cka, ckz, params,
-        T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc,
+        T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, 0, T,
         BK=bk, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
         num_warps=gate_num_warps or _default_gate_warps(bk), **flags,
     )  # fmt: skip
@@ -241,6 +241,141 @@ def _forward(
         num_warps=num_warps or _default_state_warps(bk, bv), **flags,
     )  # fmt: skip
     return o, (sT, aT, zT), ck
+
+
+_Grads = tuple[torch.Tensor, ...]
+
+
+def _backward_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    ck: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    do: torch.Tensor,
+    final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    config: VLAConfig,
+    options: dict[str, Any],
+) -> _Grads:
+    """One program per (b, h) for the whole adjoint (:func:`kernels.vla_bwd_kernel`).  Returns
+    ``dq, dk, dv, du`` (inputs' dtype) and ``dS_0, dA_0, dz_0`` (accumulation dtype)."""
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    acc, acc_tl = _acc(q.dtype)
+    dev = q.device
+    bk, bv = _pow2(dk), _pow2(dv)
+    every = options["checkpoint_every"]
+    dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
+    dv_ = torch.empty_like(v)
+    ds0 = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
+    da0 = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+    dz0 = torch.empty(B, H, dk, dtype=acc, device=dev)
+    # Per-program scratch of one chunk's per-token vectors (k̂, s, α̂ | e) and scalars.
+    vec = torch.empty(B * H, every, 3 * bk + bv, dtype=acc, device=dev)
+    sc = torch.empty(B * H, every, 8, dtype=acc, device=dev)
+    kernels.vla_bwd_kernel[(B * H,)](
+        q, k, v, u, do, *final, *ck, vec, sc, dq, dk_, dv_, du, ds0, da0, dz0,
+        _params(config, acc, dev), T, H, dk, dv, config.nudge_period or _NEVER, every,
+        triton.cdiv(T, every),
+        BK=bk, BV=bv, HAS_DFINAL=True, NORM_GATE=config.normalize_gate,
+        NORM_OUT=config.normalize_output, ACC=acc_tl, BUG=options["bug"],
+        DOWNDATE=options["downdate"],
+        num_warps=options["bwd_num_warps"] or (16 if bk >= 128 else 8 if bk >= 64 else 4),
+    )  # fmt: skip
+    return dq, dk_, dv_, du, ds0, da0, dz0
+
+
+#: Floats of the two-pass backward's per-segment buffers (value-block partial sums) at most.
+_SEGMENT_FLOATS = 1 << 26
+
+
+def _backward_two_pass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    ck: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    do: torch.Tensor,
+    final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    config: VLAConfig,
+    options: dict[str, Any],
+) -> _Grads:
+    """The adjoint in three kernels per segment of ``L`` tokens (``L`` a multiple of the
+    checkpoint interval), segments in reverse order, ``dS, dA, dz`` carried between them:
+
+    1. :func:`kernels.vla_gate_kernel` reruns the penalty chain from the segment's ``(A, z)``
+       checkpoint, for the segment's ``k̂, α̂`` (the forward keeps no per-token history);
+    2. :func:`kernels.vla_state_bwd_kernel`, one program per (b, h) and value block: the state
+       adjoint, with per-block partial sums of the vectors the penalty half needs;
+    3. :func:`kernels.vla_gate_bwd_kernel`, one program per (b, h): the penalty adjoint from the
+       summed partials.
+
+    ``L`` keeps the partial sums (``4·NV·B·H·L·BK`` floats) under :data:`_SEGMENT_FLOATS`, or is
+    ``options["backward_segment"]`` when given.  Same returns as :func:`_backward_fused`.
+    """
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    BH = B * H
+    acc, acc_tl = _acc(q.dtype)
+    dev = q.device
+    bk = _pow2(dk)
+    bv = options["block_v"] or _default_block_v(B, H, dk, dv, dev, two_pass=True)
+    nv = triton.cdiv(dv, bv)
+    every = options["checkpoint_every"]
+    nc = triton.cdiv(T, every)
+    seg = options["backward_segment"] or _SEGMENT_FLOATS // (4 * nv * BH * bk)
+    seg = max(every, seg // every * every)
+    cks, cka, ckz = ck
+    params = _params(config, acc, dev)
+    nudge = config.nudge_period or _NEVER
+    dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
+    dv_ = torch.empty_like(v)
+    dS, dA, dz = final
+    e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
+    vec = torch.empty(BH, every, 3 * bk, dtype=acc, device=dev)
+    scr = torch.empty(BH, every, 8, dtype=acc, device=dev)
+    a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
+    z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
+    gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
+    for t_begin in reversed(range(0, T, seg)):
+        n = min(seg, T - t_begin)
+        c = t_begin // every
+        kh = torch.empty(BH, n, bk, dtype=acc, device=dev)
+        ah = torch.empty(BH, n, bk, dtype=acc, device=dev)
+        sc = torch.empty(BH, n, 2, dtype=acc, device=dev)
+        kernels.vla_gate_kernel[(BH,)](
+            q, k, u, kh, ah, sc, cka[:, :, c].contiguous(), ckz[:, :, c].contiguous(), a_end,
+            z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
+            BK=bk, HAS_INIT=True, SAVE_CKPT=False, NORM_GATE=config.normalize_gate, ACC=acc_tl,
+            BUG=0, DOWNDATE=options["downdate"], num_warps=gate_warps,
+        )  # fmt: skip
+        parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
+        dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
+        dS_begin = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
+        kernels.vla_state_bwd_kernel[(nv, BH)](
+            q, v, do, kh, ah, sc, cks, dS, e, dv_, parts[0], parts[1], parts[2], dn_parts,
+            dS_begin, params, T, H, dk, dv, every, nc, t_begin, n,
+            BK=bk, BV=bv, NORM_OUT=config.normalize_output, ACC=acc_tl,
+            num_warps=options["num_warps"] or _default_state_warps(bk, bv),
+        )  # fmt: skip
+        sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
+        dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
+        dA_begin = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+        dz_begin = torch.empty(B, H, dk, dtype=acc, device=dev)
+        kernels.vla_gate_bwd_kernel[(BH,)](
+            q, k, u, sums[0], sums[1], sums[2], dn_sum, cka, ckz, dA, dz, vec, scr, dq, dk_, du,
+            dA_begin, dz_begin, params, T, H, dk, nudge, every, nc, t_begin, n,
+            BK=bk, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
+            ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"],
+            num_warps=options["bwd_num_warps"] or _default_gate_bwd_warps(bk),
+        )  # fmt: skip
+        dS, dA, dz = dS_begin, dA_begin, dz_begin
+    return dq, dk_, dv_, du, dS, dA, dz
+
+
+def _default_gate_bwd_warps(bk: int) -> int:
+    """Warps of the two-pass gate backward, which holds ``Aᵀ`` and ``dAᵀ`` ``[BK, BK]``."""
+    return max(2, bk * bk // 2048)
 
 
 class FusedRecurrentVLAFunction(torch.autograd.Function):
@@ -301,59 +436,11 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
         q, k, v, u, cks, cka, ckz = ctx.saved_tensors
         config: VLAConfig = ctx.config
         options = ctx.options
-        B, T, H, dk = q.shape
-        dv = v.shape[-1]
-        acc, acc_tl = _acc(q.dtype)
-        dev = q.device
-        bk, bv = _pow2(dk), _pow2(dv)
-        ck = options["checkpoint_every"]
-        nc = triton.cdiv(T, ck)
-        dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
-        dv_ = torch.empty_like(v)
-        ds0 = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
-        da0 = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
-        dz0 = torch.empty(B, H, dk, dtype=acc, device=dev)
-        # Per-program scratch of one chunk's per-token vectors (k̂, s, α̂ | e) and scalars.
-        vec = torch.empty(B * H, ck, 3 * bk + bv, dtype=acc, device=dev)
-        sc = torch.empty(B * H, ck, 8, dtype=acc, device=dev)
-        kernels.vla_bwd_kernel[(B * H,)](
-            q,
-            k,
-            v,
-            u,
-            do.contiguous(),
-            dsT.to(acc).contiguous(),
-            daT.to(acc).contiguous(),
-            dzT.to(acc).contiguous(),
-            cks,
-            cka,
-            ckz,
-            vec,
-            sc,
-            dq,
-            dk_,
-            dv_,
-            du,
-            ds0,
-            da0,
-            dz0,
-            _params(config, acc, dev),
-            T,
-            H,
-            dk,
-            dv,
-            config.nudge_period or _NEVER,
-            ck,
-            nc,
-            BK=bk,
-            BV=bv,
-            HAS_DFINAL=True,
-            NORM_GATE=config.normalize_gate,
-            NORM_OUT=config.normalize_output,
-            ACC=acc_tl,
-            BUG=options["bug"],
-            DOWNDATE=options["downdate"],
-            num_warps=options.get("bwd_num_warps") or (16 if bk >= 128 else 8 if bk >= 64 else 4),
+        acc = _acc(q.dtype)[0]
+        final = tuple(x.to(acc).contiguous() for x in (dsT, daT, dzT))
+        run = _backward_two_pass if _two_pass(options["schedule"], q.shape[-1]) else _backward_fused
+        dq, dk_, dv_, du, ds0, da0, dz0 = run(
+            q, k, v, u, (cks, cka, ckz), do.contiguous(), final, config, options
         )
         grads_state: tuple[torch.Tensor | None, ...] = (None, None, None)
         if ctx.state_dtypes is not None:
@@ -377,6 +464,8 @@ def fused_recurrent_vla(
     downdate: str = "fma",
     schedule: str = "auto",
     gate_num_warps: int | None = None,
+    backward_segment: int | None = None,
+    bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -407,6 +496,10 @@ def fused_recurrent_vla(
         same operations, same rounding) or ``"auto"`` (two-pass for dk > 64, where ``A`` and
         ``S`` do not fit one program's registers together).  The backward is the same for both.
     gate_num_warps : warps of the two-pass gate kernel (default 2, or 4 when dk = 128).
+    backward_segment : two-pass backward only: tokens per segment, rounded down to a multiple
+        of ``checkpoint_every`` (default: as long as keeps its partial sums under 256 MiB).
+    bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
+        of the two-pass gate backward (default 2, or 8 when dk = 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -436,6 +529,10 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
         )
+    if backward_segment is not None and backward_segment < 1:
+        raise UnsupportedConfigurationError(
+            _NAME, f"backward_segment must be >= 1, got {backward_segment}", "backward_segment"
+        )
     if schedule not in SCHEDULES:
         raise UnsupportedConfigurationError(
             _NAME, f"schedule must be one of {SCHEDULES}, got {schedule!r}", "schedule"
@@ -450,6 +547,8 @@ def fused_recurrent_vla(
         "num_warps": num_warps,
         "schedule": schedule,
         "gate_num_warps": gate_num_warps,
+        "backward_segment": backward_segment,
+        "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))

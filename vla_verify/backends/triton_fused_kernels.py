@@ -174,12 +174,13 @@ def _sum_pair(a, b, axis: tl.constexpr):
 @triton.jit
 def _key_t(z, k, q, norm_eps, ACC: tl.constexpr):
     """The key half of a step (spec §2.3): ``z_t = z_{t-1} + k``, ``k̂ = k / max(‖k‖, norm_eps)``
-    and the read-out denominator's ``z_tᵀq``, with ``‖k‖²`` and ``z_tᵀq`` in one reduction."""
+    and the read-out denominator's ``z_tᵀq``, with ``‖k‖²`` and ``z_tᵀq`` in one reduction.
+    Returns ``(z, k̂, z_tᵀq, ‖k‖)``."""
     z = z + k
     kk, zq = _sum_pair(k * k, z * q, 0)
     knorm = _sqrt(kk, ACC)
     kh = _div(k, tl.maximum(knorm, norm_eps), ACC)
-    return z, kh, zq
+    return z, kh, zq, knorm
 
 
 @triton.jit
@@ -201,7 +202,7 @@ def _gate_t(
 ):
     """The penalty half of a step on the transposed tile ``At[j, i] = A[i, j]`` ``[BK, BK]``:
     Sherman–Morrison downdate by ``u``, the nudge, and the gate ``α̂`` from the UPDATED ``A_t``
-    (spec §2.3).  Returns ``(At, α̂, α̂ᵀq)``.
+    (spec §2.3).  Returns ``(At, α̂, α̂ᵀq)`` and, for the backward, ``(s, 1 + uᵀs, δ, ‖α‖)``.
 
     Every product is a sum down axis 0 of the tile (see :func:`_vla_step_t`); ``‖α‖²`` and
     ``αᵀq`` share one reduction.
@@ -237,14 +238,15 @@ def _gate_t(
     else:
         alpha = tl.sum(At * kh[:, None], axis=0)  # α_i = Σ_j A_t[i, j] k̂_j
     aa, aq = _sum_pair(alpha * alpha, alpha * q, 0)
+    anorm = _sqrt(aa, ACC)
     if NORM_GATE:
-        rn = tl.maximum(_sqrt(aa, ACC), norm_eps)
+        rn = tl.maximum(anorm, norm_eps)
         ah = _div(alpha, rn, ACC)
         ahq = _div(aq, rn, ACC)
     else:
         ah = alpha
         ahq = aq
-    return At, ah, ahq
+    return At, ah, ahq, s, delta_raw, delta, anorm
 
 
 @triton.jit
@@ -304,9 +306,9 @@ def _vla_step_t(
     (:func:`vla_gate_kernel`, :func:`vla_state_kernel`) run the same four pieces.  Returns
     ``(At, St, z, o)``.
     """
-    z, kh, zq = _key_t(z, k, q, norm_eps, ACC)
+    z, kh, zq, _knorm = _key_t(z, k, q, norm_eps, ACC)
     Sk, Sq = _state_read_t(St, kh, q)
-    At, ah, ahq = _gate_t(
+    At, ah, ahq, _s, _dr, _d, _an = _gate_t(
         At,
         kh,
         u,
@@ -484,6 +486,8 @@ def vla_gate_kernel(
     nudge_period,
     CK,
     NC,
+    t_begin,
+    n_steps,
     BK: tl.constexpr,
     HAS_INIT: tl.constexpr,
     SAVE_CKPT: tl.constexpr,
@@ -492,14 +496,17 @@ def vla_gate_kernel(
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
 ):
-    """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h).
+    """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
+    over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
 
-    Only ``Aᵀ`` ``[BK, BK]`` and ``z`` live in registers, so at dk = 128 the program can spread
-    ``A`` over more warps without the ``S`` tile competing for registers.  Writes, per token,
-    ``k̂`` and ``α̂`` to ``kh``, ``ah`` ``[B·H, T, BK]`` (``ACC``, zero past ``DK``) and
-    ``(α̂ᵀq, z_tᵀq)`` to ``sc`` ``[B·H, T, 2]``: everything the state pass
-    (:func:`vla_state_kernel`) needs.  Final ``A, z`` and (``SAVE_CKPT``) their checkpoints as
-    :func:`vla_fwd_kernel` writes them.
+    Only ``Aᵀ`` ``[BK, BK]`` and ``z`` live in registers, so at dk = 128 ``A`` can take a whole
+    program's registers without the ``S`` tile competing for them.  Writes, per token, ``k̂``
+    and ``α̂`` to ``kh``, ``ah`` ``[B·H, n_steps, BK]`` (``ACC``, zero past ``DK``) and ``(α̂ᵀq,
+    z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``: everything the state pass
+    (:func:`vla_state_kernel`) and the state backward (:func:`vla_state_bwd_kernel`) need.
+    Starts from ``(a0, z0)`` ``[B, H, ...]`` (``HAS_INIT``) or the spec defaults; writes the last
+    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does.  The backward
+    reruns it from a checkpoint, one segment at a time.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -518,17 +525,20 @@ def vla_gate_kernel(
         z = tl.zeros([BK], dtype=ACC)
     base_k = (i_b * T * H + i_h) * DK
     stride_k = H * DK
-    kh_row = kh_ptr + i_bh * T * BK
-    ah_row = ah_ptr + i_bh * T * BK
-    sc_row = sc_ptr + i_bh * T * 2
-    q_n = tl.load(q_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
-    k_n = tl.load(k_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
-    u_n = tl.load(u_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
-    for t in range(T):
+    kh_row = kh_ptr + i_bh * n_steps * BK
+    ah_row = ah_ptr + i_bh * n_steps * BK
+    sc_row = sc_ptr + i_bh * n_steps * 2
+    t_last = t_begin + n_steps - 1
+    nk = base_k + t_begin * stride_k
+    q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+    k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+    u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+    for i in range(n_steps):
+        t = t_begin + i
         q_t = q_n
         k_t = k_n
         u_t = u_n
-        nk = base_k + tl.minimum(t + 1, T - 1) * stride_k
+        nk = base_k + tl.minimum(t + 1, t_last) * stride_k
         q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
         k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
         u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
@@ -537,8 +547,8 @@ def vla_gate_kernel(
                 c = (i_bh * NC + t // CK).to(tl.int64)
                 tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
                 tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        z, kh, zq = _key_t(z, k_t, q_t, norm_eps, ACC)
-        A, ah, ahq = _gate_t(
+        z, kh, zq, _knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
+        A, ah, ahq, _s, _dr, _d, _an = _gate_t(
             A,
             kh,
             u_t,
@@ -554,10 +564,10 @@ def vla_gate_kernel(
             BUG,
             DOWNDATE,
         )
-        tl.store(kh_row + t * BK + ok, kh)
-        tl.store(ah_row + t * BK + ok, ah)
-        tl.store(sc_row + 2 * t, ahq)
-        tl.store(sc_row + 2 * t + 1, zq)
+        tl.store(kh_row + i * BK + ok, kh)
+        tl.store(ah_row + i * BK + ok, ah)
+        tl.store(sc_row + 2 * i, ahq)
+        tl.store(sc_row + 2 * i + 1, zq)
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
 
@@ -588,7 +598,8 @@ def vla_state_kernel(
     ACC: tl.constexpr,
 ):
     """Pass 2 of the two-pass forward: the state half of spec §2.3 for one (b, h) and block of
-    ``BV`` value rows, from the ``k̂, α̂, α̂ᵀq, z_tᵀq`` that :func:`vla_gate_kernel` wrote.
+    ``BV`` value rows, from the ``k̂, α̂, α̂ᵀq, z_tᵀq`` that :func:`vla_gate_kernel` wrote for
+    all ``T`` tokens.
 
     Given the gates, this is the generalized delta rule ``S_t = S_{t-1} + (v − S_{t-1}k̂) α̂ᵀ``:
     one paired reduction per token.  Writes ``o`` ``[B, T, H, DV]`` (input dtype), the final
@@ -644,6 +655,307 @@ def vla_state_kernel(
         S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
+
+
+@triton.jit
+def vla_state_bwd_kernel(
+    q_ptr,
+    v_ptr,
+    do_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    cks_ptr,
+    dsT_ptr,
+    e_ptr,
+    dv_ptr,
+    dqp_ptr,
+    dahp_ptr,
+    dkhp_ptr,
+    dnp_ptr,
+    ds0_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    CK,
+    NC,
+    t_begin,
+    n_steps,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Backward of the state half of spec §2.3 for one (b, h), one block of ``BV`` value rows and
+    the segment ``t_begin ≤ t < t_begin + n_steps`` (``t_begin`` a multiple of ``CK``).
+
+    Given the gates of the segment (``kh, ah, sc`` ``[B·H, n_steps, ...]`` from
+    :func:`vla_gate_kernel`) and ``dS`` after the segment (``dsT``), walks its chunks of ``CK``
+    tokens in reverse: reloads the ``S`` checkpoint, recomputes the residuals ``e`` of the
+    chunk (scratch ``e`` ``[NV·B·H, CK, BV]``), then, per token (``dS`` the gradient w.r.t.
+    ``S_t``):  ``dr = do/n``, ``dS += dr qᵀ``, ``de = dS α̂``, ``S_{t-1} = S_t − e α̂ᵀ``,
+    ``dS −= de k̂ᵀ``; ``dv = de``.  The sums over value rows that the penalty half needs are
+    written per value block, ``[NV, B·H, n_steps, BK]``: ``S_tᵀ dr`` (``dqp``), ``dSᵀ e``
+    (``dahp``), ``−S_{t-1}ᵀ de`` (``dkhp``), and ``doᵀ S_t q`` (``dnp`` ``[NV, B·H, n_steps]``);
+    :func:`vla_gate_bwd_kernel` takes their sums.  Writes ``dS`` before the segment to ``ds0``.
+    """
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    BH = tl.num_programs(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    ob = tl.arange(0, BV)
+    ov = i_v * BV + ob
+    mk = ok < DK
+    mv = ov < DV
+    m_vk = mk[:, None] & mv[None, :]
+    off_vk = ov[None, :] * DK + ok[:, None]  # tiles hold Sᵀ and dSᵀ
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    dS = tl.load(dsT_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    stride_k = H * DK
+    stride_v = H * DV
+    kh_row = kh_ptr + i_bh * n_steps * BK
+    ah_row = ah_ptr + i_bh * n_steps * BK
+    sc_row = sc_ptr + i_bh * n_steps * 2
+    part = (i_v * BH + i_bh) * n_steps  # first row of this program in the [NV, B·H, n] parts
+    e_row = e_ptr + (i_v * BH + i_bh) * CK * BV
+    n_chunks = tl.cdiv(n_steps, CK)
+    for jc in range(n_chunks):
+        i0 = (n_chunks - 1 - jc) * CK
+        nt = tl.minimum(CK, n_steps - i0)
+        c = i_bh * NC + (t_begin + i0) // CK
+        S = tl.load(cks_ptr + c * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+        # 1. The chunk's residuals e_t = v_t − S_{t-1} k̂_t, as the state pass made them.
+        for j in range(nt):
+            i = i0 + j
+            t = t_begin + i
+            kh = tl.load(kh_row + i * BK + ok)
+            ah = tl.load(ah_row + i * BK + ok)
+            v_t = tl.load(v_ptr + base_v + t * stride_v + ov, mask=mv, other=0.0).to(ACC)
+            e = v_t - tl.sum(S * kh[:, None], axis=0)
+            S = S + ah[:, None] * e[None, :]
+            tl.store(e_row + j * BV + ob, e)
+        # The scratch was written by other threads than those that read it below.
+        tl.debug_barrier()
+        # 2. Backwards through the chunk: S = S_t on entry to each step.
+        for jj in range(nt):
+            j = nt - 1 - jj
+            i = i0 + j
+            t = t_begin + i
+            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            do_t = tl.load(do_ptr + base_v + t * stride_v + ov, mask=mv, other=0.0).to(ACC)
+            kh = tl.load(kh_row + i * BK + ok)
+            ah = tl.load(ah_row + i * BK + ok)
+            zq = tl.load(sc_row + 2 * i + 1)
+            e = tl.load(e_row + j * BV + ob)
+            if NORM_OUT:
+                dr = _div(do_t, tl.maximum(zq, out_eps), ACC)
+                r = tl.sum(S * q_t[:, None], axis=0)  # this block's rows of S_t q
+                dnp = tl.sum(do_t * r, axis=0)
+            else:
+                dr = do_t
+                dnp = 0.0
+            dqp = tl.sum(S * dr[None, :], axis=1)  # S_tᵀ dr over this block's rows
+            dS = dS + q_t[:, None] * dr[None, :]
+            de = tl.sum(dS * ah[:, None], axis=0)
+            dahp = tl.sum(dS * e[None, :], axis=1)
+            S = S - ah[:, None] * e[None, :]  # S_{t-1}
+            dkhp = -tl.sum(S * de[None, :], axis=1)
+            dS = dS - kh[:, None] * de[None, :]
+            tl.store(dv_ptr + base_v + t * stride_v + ov, de.to(dv_ptr.dtype.element_ty), mask=mv)
+            tl.store(dqp_ptr + (part + i) * BK + ok, dqp)
+            tl.store(dahp_ptr + (part + i) * BK + ok, dahp)
+            tl.store(dkhp_ptr + (part + i) * BK + ok, dkhp)
+            tl.store(dnp_ptr + part + i, dnp)
+        # The next chunk overwrites the scratch that this one read.
+        tl.debug_barrier()
+    tl.store(ds0_ptr + i_bh * DV * DK + off_vk, dS, mask=m_vk)
+
+
+@triton.jit
+def vla_gate_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    u_ptr,
+    dqs_ptr,
+    dahs_ptr,
+    dkhs_ptr,
+    dns_ptr,
+    cka_ptr,
+    ckz_ptr,
+    daT_ptr,
+    dzT_ptr,
+    vec_ptr,
+    scr_ptr,
+    dq_ptr,
+    dk_ptr,
+    du_ptr,
+    da0_ptr,
+    dz0_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    nudge_period,
+    CK,
+    NC,
+    t_begin,
+    n_steps,
+    BK: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+):
+    """Backward of the key and penalty halves of spec §2.3 for one (b, h) over the segment
+    ``t_begin ≤ t < t_begin + n_steps``, given the value-row sums of the state backward
+    (``dqs, dahs, dkhs`` ``[B·H, n_steps, BK]``, ``dns`` ``[B·H, n_steps]``: see
+    :func:`vla_state_bwd_kernel`) and ``dA, dz`` after the segment (``daT, dzT``).
+
+    Per chunk of ``CK`` tokens, in reverse: reload the ``(A, z)`` checkpoint, recompute the chain
+    storing ``k̂, s, α̂`` and the scalars in a per-program scratch (``vec`` ``[B·H, CK, 3·BK]``,
+    ``scr`` ``[B·H, CK, 8]``), then walk back with ``Aᵀ`` and ``dAᵀ`` in registers:
+    ``dn = −(Σ doᵀS_t q)/n²``, ``dz += dn q``, ``dq = Σ S_tᵀdr + dn z_t``; ``dα`` from ``dα̂``;
+    ``dk̂ = Σ(−S_{t-1}ᵀde) + A_tᵀdα``, ``dA += dα k̂ᵀ``; ``ds = −(dA + dAᵀ)s/δ``,
+    ``dδ = sᵀdA s/δ²``, ``du = dδ s + A_{t-1}ᵀ ds``, ``dA += ds uᵀ`` (the adjoint equations of
+    :func:`vla_bwd_kernel`); ``dk = dz + ∂k̂/∂k · dk̂``.  Writes ``dA, dz`` before the segment.
+    """
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    mk = ok < DK
+    m_kk = mk[:, None] & mk[None, :]
+    eye = (ok[:, None] == ok[None, :]) & m_kk
+    _lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
+    off_kk = ok[None, :] * DK + ok[:, None]  # tiles hold Aᵀ and dAᵀ
+    dA = tl.load(daT_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+    dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    stride_k = H * DK
+    W = 3 * BK
+    vec = vec_ptr + i_bh * CK * W
+    scr = scr_ptr + i_bh * CK * 8
+    sums = i_bh * n_steps
+    n_chunks = tl.cdiv(n_steps, CK)
+    for jc in range(n_chunks):
+        i0 = (n_chunks - 1 - jc) * CK
+        nt = tl.minimum(CK, n_steps - i0)
+        c = i_bh * NC + (t_begin + i0) // CK
+        A = tl.load(cka_ptr + c * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        z = tl.load(ckz_ptr + c * DK + ok, mask=mk, other=0.0).to(ACC)
+        # 1. Recompute the chunk's penalty chain from its checkpoint, keeping its vectors.
+        for j in range(nt):
+            t = t_begin + i0 + j
+            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
+            A, ah, _ahq, s, delta_raw, delta, anorm = _gate_t(
+                A,
+                kh,
+                u_t,
+                q_t,
+                t,
+                eye,
+                nudge_period,
+                nudge_eta,
+                sm_floor,
+                norm_eps,
+                NORM_GATE,
+                ACC,
+                0,
+                DOWNDATE,
+            )
+            row = vec + j * W
+            tl.store(row + ok, kh)
+            tl.store(row + BK + ok, s)
+            tl.store(row + 2 * BK + ok, ah)
+            srow = scr + j * 8
+            tl.store(srow + 0, delta_raw)
+            tl.store(srow + 1, delta)
+            tl.store(srow + 2, anorm)
+            tl.store(srow + 3, knorm)
+            tl.store(srow + 4, zq)
+        tl.debug_barrier()
+        # 2. Backwards through the chunk: A = A_t, z = z_t on entry to each step.
+        for jj in range(nt):
+            j = nt - 1 - jj
+            i = i0 + j
+            t = t_begin + i
+            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            row = vec + j * W
+            kh = tl.load(row + ok)
+            s = tl.load(row + BK + ok)
+            ah = tl.load(row + 2 * BK + ok)
+            srow = scr + j * 8
+            delta_raw = tl.load(srow + 0)
+            delta = tl.load(srow + 1)
+            anorm = tl.load(srow + 2)
+            knorm = tl.load(srow + 3)
+            zq = tl.load(srow + 4)
+            dq = tl.load(dqs_ptr + (sums + i) * BK + ok)
+            dah = tl.load(dahs_ptr + (sums + i) * BK + ok)
+            if BUG == 3:
+                dkh = tl.zeros([BK], dtype=ACC)
+            else:
+                dkh = tl.load(dkhs_ptr + (sums + i) * BK + ok)
+            # Read-out denominator n = max(z_tᵀq, out_eps); z_t = z_{t-1} + k_t.
+            if NORM_OUT:
+                n = tl.maximum(zq, out_eps)
+                dn = -_div(tl.load(dns_ptr + sums + i), n * n, ACC)
+                dn = tl.where(zq > out_eps, dn, 0.0)
+            else:
+                dn = 0.0
+            dz = dz + dn * q_t
+            dq = dq + dn * z
+            dk_t = dz
+            z = z - k_t
+            # α̂ = α / max(||α||, norm_eps).
+            if NORM_GATE:
+                da = tl.where(
+                    anorm > norm_eps,
+                    _div(dah - ah * tl.sum(ah * dah, axis=0), anorm, ACC),
+                    _div(dah, norm_eps, ACC),
+                )
+            else:
+                da = dah
+            # α = A_t k̂: dk̂ += A_tᵀ dα (Σ_i A[i, j] dα_i = Σ_i Aᵀ[j, i] dα_i), dA += dα k̂ᵀ.
+            dkh = dkh + tl.sum(A * da[None, :], axis=1)
+            dA = dA + kh[:, None] * da[None, :]
+            # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
+            P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
+            P2 = tl.sum(dA * s[None, :], axis=1)  # (dAᵀ s)_j
+            rd = _div(1.0, delta, ACC)
+            ds = -(P1 + P2) * rd
+            ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
+            through = delta_raw > sm_floor
+            ds = ds + tl.where(through, ddelta, 0.0) * u_t
+            du = tl.where(through, ddelta, 0.0) * s
+            eta = tl.where((t + 1) % nudge_period == 0, nudge_eta, 0.0)
+            A = A + _div(s[:, None] * s[None, :], delta, ACC) - tl.where(eye, eta, 0.0)
+            du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
+            dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
+            # k̂ = k / max(||k||, norm_eps).
+            dk_t = dk_t + tl.where(
+                knorm > norm_eps,
+                _div(dkh - kh * tl.sum(kh * dkh, axis=0), knorm, ACC),
+                _div(dkh, norm_eps, ACC),
+            )
+            tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
+            tl.store(dk_ptr + base_k + t * stride_k + ok, dk_t.to(dk_ptr.dtype.element_ty), mask=mk)
+            tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
+        tl.debug_barrier()
+    tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
+    tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
 
 
 @triton.jit
@@ -881,6 +1193,8 @@ __all__ = [
     "BUG_NUDGE_ONE_STEP_LATE",
     "vla_bwd_kernel",
     "vla_fwd_kernel",
+    "vla_gate_bwd_kernel",
     "vla_gate_kernel",
+    "vla_state_bwd_kernel",
     "vla_state_kernel",
 ]
