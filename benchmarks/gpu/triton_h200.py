@@ -272,17 +272,8 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # None = the backend's default.  The "exact" downdate is timed beside the default for the
     # record (its cost), never chosen.
     space = {
-        64: [fused(2), two(2), two(4), two(2, nw=2), two(2, bv=32), fused(None, None, "exact")],
-        128: [
-            fused(4, 32),
-            two(4),
-            two(8),
-            two(16),
-            two(4, nw=1),
-            two(4, nw=4),
-            two(4, bv=32),
-            fused(None, None, "exact"),
-        ],
+        64: [fused(2), two(2), fused(None, None, "exact")],
+        128: [two(4), two(4, nw=4), two(4, bv=32), fused(None, None, "exact")],
     }
     if smoke:
         space = {16: [fused(4), two(2), fused(None, None, "exact")]}
@@ -309,9 +300,9 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     bwd_space = {
         64: [fused(2), two(2), {**two(2), "bwd_num_warps": 4}],
         128: [
-            fused(4, 32),
             {**two(4), "num_warps": 4},
             {**two(4), "num_warps": 4, "bwd_num_warps": 16},
+            {**two(4), "num_warps": 4, "bwd_num_warps": 4},
         ],
     }
     if smoke:

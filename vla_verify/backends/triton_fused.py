@@ -225,21 +225,29 @@ def _forward(
         )  # fmt: skip
         return o, (sT, aT, zT), ck
     # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
-    # through global memory, (B·H·T·(2·BK + 2)) floats, which the state pass reads back.
+    # through global memory, (B·H·T·(2·BK + 2)) floats, which the state pass reads back.  These
+    # kernels keep every matrix transposed in memory (triton_fused_kernels, module docstring).
+    if ck is not None:
+        ck = (ck[0].view(B, H, nc, dk, dv), *ck[1:])  # Sᵀ checkpoints
+    s0t, a0t = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
+    sTt = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
+    aTt = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+    cks, cka, ckz = ck if ck is not None else (sTt, aTt, zT)
     kh = torch.empty(B * H, T, bk, dtype=acc, device=dev)
     ah = torch.empty(B * H, T, bk, dtype=acc, device=dev)
     sc = torch.empty(B * H, T, 2, dtype=acc, device=dev)
     kernels.vla_gate_kernel[(B * H,)](
-        q, k, u, kh, ah, sc, a0, z0, aT, zT, cka, ckz, params,
+        q, k, u, kh, ah, sc, a0t, z0, aTt, zT, cka, ckz, params,
         T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, 0, T,
         BK=bk, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
         num_warps=gate_num_warps or _default_gate_warps(bk), **flags,
     )  # fmt: skip
     kernels.vla_state_kernel[(nv, B * H)](
-        q, v, kh, ah, sc, o, s0, sT, cks, params, T, H, dk, dv, checkpoint_every, nc,
+        q, v, kh, ah, sc, o, s0t, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
         BK=bk, BV=bv, NORM_OUT=config.normalize_output,
         num_warps=num_warps or _default_state_warps(bk, bv), **flags,
     )  # fmt: skip
+    return o, (sTt.mT.contiguous(), aTt.mT.contiguous(), zT), ck
     return o, (sT, aT, zT), ck
 
 
@@ -330,7 +338,8 @@ def _backward_two_pass(
     nudge = config.nudge_period or _NEVER
     dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
     dv_ = torch.empty_like(v)
-    dS, dA, dz = final
+    # dSᵀ, dAᵀ: the kernels' memory layout, like the checkpoints (cks holds Sᵀ [dk, dv]).
+    dS, dA, dz = final[0].mT.contiguous(), final[1].mT.contiguous(), final[2]
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     vec = torch.empty(BH, every, 3 * bk, dtype=acc, device=dev)
     scr = torch.empty(BH, every, 8, dtype=acc, device=dev)
@@ -351,7 +360,7 @@ def _backward_two_pass(
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
-        dS_begin = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
+        dS_begin = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
         kernels.vla_state_bwd_kernel[(nv, BH)](
             q, v, do, kh, ah, sc, cks, dS, e, dv_, parts[0], parts[1], parts[2], dn_parts,
             dS_begin, params, T, H, dk, dv, every, nc, t_begin, n,
@@ -370,7 +379,7 @@ def _backward_two_pass(
             num_warps=options["bwd_num_warps"] or _default_gate_bwd_warps(bk),
         )  # fmt: skip
         dS, dA, dz = dS_begin, dA_begin, dz_begin
-    return dq, dk_, dv_, du, dS, dA, dz
+    return dq, dk_, dv_, du, dS.mT.contiguous(), dA.mT.contiguous(), dz
 
 
 def _default_gate_bwd_warps(bk: int) -> int:

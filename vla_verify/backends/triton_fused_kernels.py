@@ -30,6 +30,19 @@ shortcut ``A_{t-1}k̂ − s(sᵀk̂)/δ`` cancels at the scale of ``|A_{t-1}k̂|
 budget on an ill-conditioned downdate.  :func:`_vla_step` is the same step on untransposed
 tiles; the backward, which needs ``S`` and ``A`` row-wise, uses it.
 
+Two-pass forward, :func:`vla_gate_kernel` then :func:`vla_state_kernel`: the same step cut at
+the gate.  The gate kernel (grid ``(B·H,)``) holds only ``Aᵀ`` and writes ``k̂, α̂`` and two
+scalars per token; the state kernel (grid ``(NV, B·H)``) runs the generalized delta rule on them.
+At dk = 128 the fused program's ``A`` and ``S`` tiles do not fit its registers together; apart,
+each does.  Its backward is three kernels per segment of tokens (:func:`vla_gate_kernel` rerun
+from a checkpoint, :func:`vla_state_bwd_kernel` per value block, :func:`vla_gate_bwd_kernel`).
+Every matrix the two-pass kernels read or write — initial and final states, checkpoints and
+their gradients — is in memory *transposed* (``Aᵀ`` ``[DK, DK]``, ``Sᵀ`` ``[DK, DV]``, row-major),
+as the tiles hold it: a tile loaded through transposed offsets gets a layout whose axis-0 sums
+are shuffle butterflies (1813 ``SHFL`` per token in the gate kernel's SASS at BK = 128 against
+35), and a loop-carried tile keeps the layout it was loaded with.  The wrapper transposes the
+user-facing states.
+
 Backward, :func:`vla_bwd_kernel`: grid ``(B·H,)``, chunks of ``C`` tokens in reverse.  For each
 chunk it reloads the checkpoint of ``(S, A, z)`` that the forward stored at the chunk start,
 recomputes the C steps (storing per-token *vectors* — k̂, s, α̂, e and a few scalars — in a
@@ -505,7 +518,8 @@ def vla_gate_kernel(
     z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``: everything the state pass
     (:func:`vla_state_kernel`) and the state backward (:func:`vla_state_bwd_kernel`) need.
     Starts from ``(a0, z0)`` ``[B, H, ...]`` (``HAS_INIT``) or the spec defaults; writes the last
-    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does.  The backward
+    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does — every ``A``
+    transposed in memory (module docstring).  The backward
     reruns it from a checkpoint, one segment at a time.
     """
     i_bh = tl.program_id(0).to(tl.int64)
@@ -516,7 +530,7 @@ def vla_gate_kernel(
     m_kk = mk[:, None] & mk[None, :]
     eye = (ok[:, None] == ok[None, :]) & m_kk
     lam, sm_floor, nudge_eta, _out_eps, norm_eps = _load_params(p_ptr)
-    off_kk = ok[None, :] * DK + ok[:, None]  # the tile holds Aᵀ
+    off_kk = ok[:, None] * DK + ok[None, :]  # Aᵀ in memory and in the tile
     if HAS_INIT:
         A = tl.load(a0_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
         z = tl.load(z0_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
@@ -603,7 +617,7 @@ def vla_state_kernel(
 
     Given the gates, this is the generalized delta rule ``S_t = S_{t-1} + (v − S_{t-1}k̂) α̂ᵀ``:
     one paired reduction per token.  Writes ``o`` ``[B, T, H, DV]`` (input dtype), the final
-    ``S`` and (``SAVE_CKPT``) its checkpoints as :func:`vla_fwd_kernel` does.
+    ``S`` and (``SAVE_CKPT``) its checkpoints, ``Sᵀ`` ``[DK, DV]`` in memory like ``s0``.
     """
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -614,7 +628,7 @@ def vla_state_kernel(
     mk = ok < DK
     mv = ov < DV
     m_vk = mk[:, None] & mv[None, :]
-    off_vk = ov[None, :] * DK + ok[:, None]  # the tile holds Sᵀ
+    off_vk = ok[:, None] * DV + ov[None, :]  # Sᵀ [DK, DV] in memory and in the tile
     _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
     if HAS_INIT:
         S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
@@ -712,7 +726,7 @@ def vla_state_bwd_kernel(
     mk = ok < DK
     mv = ov < DV
     m_vk = mk[:, None] & mv[None, :]
-    off_vk = ov[None, :] * DK + ok[:, None]  # tiles hold Sᵀ and dSᵀ
+    off_vk = ok[:, None] * DV + ov[None, :]  # Sᵀ, dSᵀ [DK, DV] in memory and tiles
     _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
     dS = tl.load(dsT_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
     base_k = (i_b * T * H + i_h) * DK
@@ -834,7 +848,7 @@ def vla_gate_bwd_kernel(
     m_kk = mk[:, None] & mk[None, :]
     eye = (ok[:, None] == ok[None, :]) & m_kk
     _lam, sm_floor, nudge_eta, out_eps, norm_eps = _load_params(p_ptr)
-    off_kk = ok[None, :] * DK + ok[:, None]  # tiles hold Aᵀ and dAᵀ
+    off_kk = ok[:, None] * DK + ok[None, :]  # Aᵀ, dAᵀ in memory and in the tiles
     dA = tl.load(daT_ptr + i_bh * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
     dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
     base_k = (i_b * T * H + i_h) * DK
