@@ -334,9 +334,34 @@ def test_chunked_matches_sequential(
     assert _budgeted(_as_numpy(*chk), inputs, initial, config, variant, factor=factor) == []
 
 
-def test_chunked_prefix_path_equals_serial_path() -> None:
-    """The all-chunks-at-once penalty chain (prefix sum of M) and the chunk-after-chunk one give
-    the same gates: the serial path is forced by passing the default state explicitly."""
+def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Shrink the prefix chain's steps and blocks (``torch_chunked._PENALTY_CHUNK``,
+    ``_RESTART_TOKENS``) so that short sequences run several blocks of several steps (T = 20 at
+    chunk size 16: two blocks of 3 steps of 8 tokens, the second padded); returns a list that
+    counts the calls of ``_penalty_blocks``."""
+    from vla_verify.backends import torch_chunked
+
+    monkeypatch.setattr(torch_chunked, "_PENALTY_CHUNK", 8)
+    monkeypatch.setattr(torch_chunked, "_RESTART_TOKENS", 24)  # blocks of 3 steps of 8 tokens
+    calls: list[int] = []
+    blocks = torch_chunked._penalty_blocks
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(torch_chunked, "_penalty_blocks", counted)
+    return calls
+
+
+@pytest.mark.parametrize("blocks", ["default", "small"])
+def test_chunked_prefix_path_equals_serial_path(
+    blocks: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The penalty chain from the prefix sums of M (restarted every block) and the chunk-after-
+    chunk one give the same gates: the serial path is forced by passing the default state
+    explicitly.  ``small``: steps of 8 tokens, blocks of 3 steps."""
+    calls = _small_blocks(monkeypatch) if blocks == "small" else []
     inputs, _ = _inputs(2, 90, 2, 6, 3, seed=5)
     t = [_torch(x) for x in inputs]
     dk, dv = 6, 3
@@ -352,6 +377,24 @@ def test_chunked_prefix_path_equals_serial_path() -> None:
     assert _budgeted(got, inputs, None, EXACT, "vla") == []
     got = {"o": o2.numpy(), "S": s2[0].numpy(), "A": s2[1].numpy()}
     assert _budgeted(got, inputs, None, EXACT, "vla") == []
+    assert blocks == "default" or calls  # the prefix path ran
+
+
+def test_chunked_prefix_blocks_pass_validate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 (whose penalty chain takes the prefix path): several blocks of several steps per
+    sequence, the last block padded, pass validate."""
+    calls = _small_blocks(monkeypatch)
+    report = validate(
+        backends.get("torch_chunked", chunk_size=16),
+        config=EXACT,
+        array="torch",
+        dtype="float32",
+        max_examples=40,
+        seed=4,
+        factor=chunk_factor(16),
+    )
+    assert report.passed, report.summary()
+    assert calls
 
 
 # -- state carry (property) ----------------------------------------------------------------------
@@ -434,9 +477,12 @@ def test_gradcheck(name: str, options: dict, variant: str, config: VLAConfig) ->
     assert torch.autograd.gradcheck(fn, (*xs, *state), eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
-def test_gradcheck_chunked_prefix_path() -> None:
-    """The all-chunks-at-once penalty chain (no initial state) differentiates too."""
-    b = backends.get("torch_chunked", chunk_size=16)
+def test_gradcheck_chunked_prefix_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The penalty chain from the prefix sums of M (no initial state) differentiates too.  float64
+    takes it only when asked (``penalty_chain="woodbury"``); :func:`_small_blocks` puts two
+    blocks, the second padded, and downdates between steps into T = 20."""
+    calls = _small_blocks(monkeypatch)
+    b = backends.get("torch_chunked", chunk_size=16, penalty_chain="woodbury")
     xs, _ = _grad_inputs(T=20, H=1)
 
     def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -444,6 +490,7 @@ def test_gradcheck_chunked_prefix_path() -> None:
         return o, S, A
 
     assert torch.autograd.gradcheck(fn, tuple(xs), eps=1e-6, atol=1e-5, rtol=1e-4)
+    assert calls
 
 
 def _grads(

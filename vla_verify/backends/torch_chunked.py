@@ -23,10 +23,12 @@ Penalty chain (spec §5, Woodbury / LDLᵀ).
     ``R^{-1} Y`` has rows ``w_jᵀ / √d_j``, so ``W D^{-1} Wᵀ``-type sums need no division.
 
     Without nudges and from the default ``A_0 = I/lambda0``, ``M = A^{-1}`` at chunk starts is a
-    prefix sum, ``M_c = lambda0·I + Σ_{c' < c} U_{c'}ᵀ U_{c'}``, so the chunk-start ``A`` of every
-    chunk comes from one batched Cholesky inverse and the whole penalty chain runs in parallel
-    across chunks (:func:`_penalty_prefix`; only the last chunk's end ``A`` is formed).
-    Otherwise it runs chunk after chunk (:func:`_penalty_serial`).
+    prefix sum, ``M_c = lambda0·I + Σ_{c' < c} U_{c'}ᵀ U_{c'}``, so the chain can start anywhere
+    from a batched Cholesky inverse of ``M``: it is cut into blocks of 256 tokens that run in
+    parallel, each from its ``M^{-1}``, and inside a block it takes steps of (at most) 32 tokens,
+    each from the end ``A`` of the step before (:func:`_gates_prefix`, :func:`_penalty_blocks`;
+    only the last block's end ``A`` is formed).  Otherwise it runs chunk after chunk
+    (:func:`_penalty_serial`).
 
 State chain (spec §5, UT/WY form).
     Residuals ``e_t = v_t − S_{t-1} k̂_t`` solve ``(I + N) E = V − K̂ S_0ᵀ`` with
@@ -55,22 +57,31 @@ re-derives every ``A_t`` of a chunk from the chunk-start ``A_c``, so its roundin
 (``u_tᵀ A u_t ≫ 1``) shrinks ``A`` by orders of magnitude inside a chunk, a float32 penalty
 chain is far worse than the float32 recurrence (up to ~10³× the spec §4 budget on the
 ``concentrated`` penalties of :mod:`vla_verify.properties.strategies`).  Its float64 error
-``u_64·||A_c||`` is far below float32's.  For float64 inputs no wider dtype exists, and the
-effect was measured: ``vla-verify run`` found a float64 example (T = 5, dk = 2, a given SPD
-``A_0``, penalties of norm ~20) 4x outside the spec §4 budget.  So by default
-(``penalty_chain="auto"``) float64 inputs run the penalty chain step by step, as spec §2.3
-writes it (one batched matrix-vector product, rank-one downdate and gate per token), and keep
+``u_64·||A_c||`` is far below float32's, also where the steps of a block carry ``A`` from one
+to the next (for 256 tokens at most, then a restart from ``M``).  For float64 inputs no wider dtype
+exists, and the effect was measured: ``vla-verify run`` found a float64 example (T = 5,
+dk = 2, a given SPD ``A_0``, penalties of norm ~20) 4x outside the spec §4 budget.  So by
+default (``penalty_chain="auto"``) float64 inputs run the penalty chain step by step, as spec
+§2.3 writes it (one batched matrix-vector product, rank-one downdate and gate per token), and keep
 the chunked UT state chain; ``penalty_chain="woodbury"`` forces the spec §5 form
 (``tests/test_torch_backends.py`` records its float64 limitation).
 
 Speed (CPU; issue 4, ``benchmarks/test_bench_torch_cpu.py``).  The float64 penalty chain is
-most of the work: per chunk and head, seven ``64 × 64 × 64`` products, two Cholesky
-factorisations and two triangular solves at ``C = dk = 64``.  PyTorch runs a batched Cholesky
-or triangular solve on CPU as one LAPACK call per matrix on one thread, so these calls are few
-and merged where the numbers allow (one solve per chain; none for the UT transform).  With
-autograd off, the intermediates live in a per-thread workspace reused from call to call
-(:class:`_Workspace`): on CPU, fresh multi-MiB tensors page-fault on every call, which costs as
-much as the products that fill them.  ``chunk_size=64`` is the fastest of the three sizes there.
+most of the work, and PyTorch runs a batched Cholesky factorisation or triangular solve on CPU
+as one LAPACK call per matrix (the factorisation on one thread): at ``C = dk = 64`` those calls
+cost about as much as all of the chain's batched products.  So the prefix chain factorises ``M``
+once per block of :data:`_RESTART_TOKENS` tokens, not once per chunk, and carries ``A`` through
+the block by batched downdates; it takes steps of :data:`_PENALTY_CHUNK` = 32 tokens whatever the
+chunk size (a step's factorisation, solve and masked products shrink with ``C`` faster than the
+number of steps grows); and it forms ``Y`` and ``G`` transposed, so that LAPACK reads them
+column-major and solves in place.  With autograd off, the intermediates live in a per-thread
+workspace reused from call to call (:class:`_Workspace`): on CPU, fresh multi-MiB tensors
+page-fault on every call, which costs as much as the products that fill them.
+``chunk_size=64`` is the fastest of the three sizes there.  Measured and dropped: running head
+groups on two Python threads (their OpenMP teams oversubscribe two cores, and once a second
+thread has run a LAPACK call, the main thread's triangular solves stay ~3× slower, the
+sequential backend's products included); one product for ``U Aᵀ`` and ``K̂ Aᵀ`` over stacked
+rows (the in-place products that follow copy strided operands, which costs more).
 """
 
 from __future__ import annotations
@@ -170,9 +181,16 @@ def _cholesky(M: Tensor, name: str) -> tuple[Tensor, Tensor]:
     return torch.linalg.cholesky_ex(M, out=(R, info))
 
 
-def _solve_lower(R: Tensor, Y: Tensor, name: str) -> Tensor:
-    """``R^{-1} Y`` for lower triangular ``R``, into the workspace when it is on."""
-    X = _WORKSPACE.get(name, Y.shape, Y.dtype, Y.device, columns=True)
+def _solve_lower(
+    R: Tensor, Y: Tensor, name: str | None = None, *, overwrite: bool = False
+) -> Tensor:
+    """``R^{-1} Y`` for lower triangular ``R``, into the workspace buffer ``name`` when it is on
+    (or, with ``overwrite``, over ``Y`` itself, which must then be a column-major workspace
+    buffer: LAPACK solves in place, without a copy)."""
+    if overwrite:
+        X = Y if _WORKSPACE.active else None
+    else:
+        X = None if name is None else _WORKSPACE.get(name, Y.shape, Y.dtype, Y.device, columns=True)
     if X is None:
         return torch.linalg.solve_triangular(R, Y, upper=False)
     return torch.linalg.solve_triangular(R, Y, upper=False, out=X)
@@ -238,10 +256,11 @@ def _gates(
     unit-diagonal ``L``.  Otherwise the clamped LDLᵀ (:func:`ldl_clamped`) takes over, or, with
     ``clamp=False``, ``None`` is returned.
     """
-    A0T = A0.mT
-    Y = _bmm(U, A0T, "Y")  # row t: (A_0 u_t)ᵀ
-    KA = _bmm(K_hat, A0T, "KA")  # row t: (A_0 k̂_t)ᵀ
-    G = _bmm(U, Y.mT, "G")  # G[t, j] = u_tᵀ A_0 u_j
+    # Y and G are formed transposed, so that they are column-major: LAPACK reads and writes
+    # column-major matrices, and a row-major argument costs a transposing copy per call.
+    Y = _bmm(A0, U.mT, "Yt").mT  # row t: (A_0 u_t)ᵀ
+    KA = _bmm(K_hat, A0.mT, "KA")  # row t: (A_0 k̂_t)ᵀ
+    G = _bmm(Y, U.mT, "Gt").mT  # G[t, j] = u_tᵀ A_0 u_j
     if G.requires_grad:
         # Symmetrise from the lower triangle: the recurrence only forms u_tᵀ A_0 u_j for j ≤ t,
         # and Cholesky's backward assumes a symmetric argument (a non-symmetric A_0 would
@@ -256,7 +275,7 @@ def _gates(
     r = R.diagonal(dim1=-2, dim2=-1)
     d = r * r
     if bool((info == 0).all()) and bool((d >= floor).all()):
-        W = _solve_lower(R, Y, "W")  # rows w_jᵀ / √d_j
+        W = _solve_lower(R, Y, overwrite=True)  # rows w_jᵀ / √d_j
         W_s = W
     elif not clamp:
         return None
@@ -289,37 +308,69 @@ def _penalty_chunk(
     return alpha, A0 - W.mT @ W_s, d
 
 
-def _chunk_start_M(U: Tensor, config: VLAConfig) -> Tensor:
-    """``M_c = lambda0·I + Σ_{c'<c} U_{c'}ᵀ U_{c'}`` ``[B, H, NC, dk, dk]`` for ``U``
-    ``[B, H, NC, C, dk]``."""
-    B, H, _, _, dk = U.shape
-    gram = _bmm(U.mT, U, "gram")  # [B, H, NC, dk, dk]
-    # Exclusive prefix sum by shifting, never cumsum − gram: that difference cancels, and its
+#: Tokens per Woodbury step of the prefix chain (:func:`_gates_prefix`; at most the chunk size):
+#: the chain's products, factorisations and solves cost ``C²`` per step, its downdates do not
+#: depend on ``C``, and its work does not depend on the state chain's chunks, so it cuts a chunk
+#: of 64 tokens in two (measured on the benchmark of issue 4: about 5% faster than 64).
+_PENALTY_CHUNK = 32
+#: Tokens between two restarts of the prefix chain from a Cholesky factorisation of ``M``
+#: (:func:`_penalty_blocks`; measured: 256 is the fastest of 64…2048 at every chunk size).
+_RESTART_TOKENS = 256
+#: Chunk-heads per batched call in :func:`_gates_prefix`: about 1 MiB per float64 intermediate.
+_GROUP_CHUNKS = 32
+
+
+def _block_start_M(U: Tensor, config: VLAConfig) -> Tensor:
+    """``M_b = lambda0·I + Σ_{b'<b} U_{b'}ᵀ U_{b'}`` ``[G, NB, dk, dk]``, the ``M = A^{-1}`` that
+    block ``b`` starts from (spec §2.3, last line), for blocks of tokens ``U``
+    ``[G, NB, L, dk]``."""
+    G, NB, _, dk = U.shape
+    gram = _bmm(U.mT, U, "gram")  # [G, NB, dk, dk]; the last block's is not used
+    # Exclusive prefix sums by shifting, never cumsum − gram: that difference cancels, and its
     # rounding error (u·||Σ U Uᵀ||) would swamp lambda0.
     M = _WORKSPACE.get("M", gram.shape, gram.dtype, gram.device)
     if M is None:
-        M = torch.cat([gram.new_zeros(B, H, 1, dk, dk), gram[:, :, :-1].cumsum(dim=2)], dim=2)
+        M = torch.cat([gram.new_zeros(G, 1, dk, dk), gram[:, :-1].cumsum(dim=1)], dim=1)
     else:  # the same sums in the same order as cumsum, without its slow strided kernel
-        M[:, :, 0].zero_()
-        for c in range(1, M.shape[2]):
-            torch.add(M[:, :, c - 1], gram[:, :, c - 1], out=M[:, :, c])
+        M[:, 0].zero_()
+        for b in range(1, NB):
+            torch.add(M[:, b - 1], gram[:, b - 1], out=M[:, b])
     M.diagonal(dim1=-2, dim2=-1).add_(config.lambda0)
     return M
 
 
-def _penalty_prefix(
-    U: Tensor, K_hat: Tensor, config: VLAConfig, M: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor] | None:
-    """All chunks at once from ``A_0 = I/lambda0`` without nudges (spec §5, last sentence).
+def _downdate(A: Tensor, W: Tensor, W_s: Tensor, name: str) -> Tensor:
+    """``A − (Wᵀ W_s)``, the end ``A`` of a batch of chunks (:func:`_gates`), into the workspace
+    buffer ``name`` when it is on.  The product is formed first and subtracted once, as in
+    :func:`_penalty_chunk` (a ``baddbmm`` would add its terms into ``A`` one after another)."""
+    out = _WORKSPACE.get(name, A.shape, A.dtype, A.device)
+    if out is None:
+        return A - W.mT @ W_s
+    return torch.sub(A, _bmm(W.mT, W_s, "WW"), out=out)
 
-    ``U``, ``K_hat`` ``[B, H, NC, C, dk]``.  ``M_c = lambda0·I + Σ_{c'<c} U_{c'}ᵀ U_{c'}`` is an
-    exclusive prefix sum over chunks (:func:`_chunk_start_M`, or ``M`` when given); ``A_c =
-    M_c^{-1}`` from one batched Cholesky.  Returns ``(α [B, H, NC, C, dk], A_T [B, H, dk, dk],
-    d)`` or ``None`` when a pivot falls below ``sm_floor`` (then ``A`` is not ``M^{-1}`` and the
-    caller runs the serial chain).  Only the last chunk's end ``A`` is formed.
+
+def _penalty_blocks(
+    U: Tensor, K_hat: Tensor, config: VLAConfig, work: torch.dtype, out: Tensor | None
+) -> tuple[Tensor, Tensor] | None:
+    """Gates and final ``A`` of a few heads from ``A_0 = I/lambda0`` without nudges (spec §5).
+
+    ``U``, ``K_hat`` ``[G, NB, m, C, dk]``: ``G`` heads, each ``NB`` blocks of ``m`` chunks.
+    Every block starts from ``A = M_b^{-1}`` (spec §5, last sentence: ``M`` at chunk starts is a
+    prefix sum, :func:`_block_start_M`), through one batched Cholesky factorisation and one
+    triangular solve; then the ``m`` chunks of a block run one after the other, each from the end
+    ``A − Wᵀ W_s`` of the one before (:func:`_gates`, :func:`_downdate`), with all blocks and
+    heads in one batch.  A factorisation per chunk would make the whole chain parallel, but
+    PyTorch runs batched Cholesky factorisations and triangular solves on CPU one matrix at a
+    time, and those calls cost more than ``m − 1`` batched downdates; restarting from ``M`` keeps
+    the float64 rounding of the downdates to ``m − 1`` steps.
+
+    Returns the gates ``Â`` ``[G, NB, m, C, dk]`` (in ``work``; into ``out`` when given) and
+    ``A_T`` ``[G, dk, dk]`` (the last block's end ``A``), or ``None`` when a factorisation fails
+    or a pivot falls below ``sm_floor`` (then ``A`` is not ``M^{-1}``; the caller runs the serial
+    chain).
     """
-    dk = U.shape[-1]
-    M = _chunk_start_M(U, config) if M is None else M
+    G, NB, m, C, dk = U.shape
+    M = _block_start_M(U.reshape(G, NB, m * C, dk), config)
     R, info = _cholesky(M, "R_M")
     if not bool((info == 0).all()):
         return None
@@ -327,46 +378,57 @@ def _penalty_prefix(
     # cholesky_inverse, which runs one LAPACK potri per matrix.
     eye = torch.eye(dk, dtype=M.dtype, device=M.device).expand_as(M)
     R_inv = _solve_lower(R, eye, "R_inv")
-    A_start = _bmm(R_inv.mT, R_inv, "A_start")
-    result = _gates(A_start, U, K_hat, config.sm_floor, clamp=False)
-    if result is None:
-        return None
-    alpha, W, W_s, d = result
-    A_end = A_start[:, :, -1] - W[:, :, -1].mT @ W_s[:, :, -1]
-    return alpha, A_end, d
-
-
-#: Chunks (of all heads together) per call of :func:`_penalty_prefix` in :func:`_gates_prefix`.
-_GROUP_CHUNKS = 32
+    A = _bmm(R_inv.mT, R_inv, "A_0")
+    gates = []
+    for r in range(m):
+        result = _gates(A, U[:, :, r], K_hat[:, :, r], config.sm_floor, clamp=False)
+        if result is None:
+            return None
+        alpha, W, W_s, _ = result
+        if r + 1 < m:  # chunk r + 1 of every block starts where chunk r ends
+            A = _downdate(A, W, W_s, f"A_{(r + 1) % 2}")
+        else:  # only the last block's end is wanted
+            A = A[:, -1] - W[:, -1].mT @ W_s[:, -1]
+        gates.append(_gate(alpha, config, work, None if out is None else out[:, :, r]))
+    return (out if out is not None else torch.stack(gates, dim=2)), A
 
 
 def _gates_prefix(
     U: Tensor, K_hat: Tensor, config: VLAConfig, work: torch.dtype
 ) -> tuple[Tensor, Tensor] | None:
-    """The gates ``Â`` (``[B, H, NC, C, dk]``, in ``work``) and ``A_T`` by :func:`_penalty_prefix`,
-    a few heads at a time (or ``None``, as :func:`_penalty_prefix`).
+    """The gates ``Â`` (``[B, H, NC, C, dk]``, in ``work``) and ``A_T`` by :func:`_penalty_blocks`,
+    a few heads at a time (or ``None``, as :func:`_penalty_blocks`).
 
-    Heads are independent; taking about :data:`_GROUP_CHUNKS` chunks at a time keeps the float64
-    intermediates of one call (a few MiB) in the CPU's cache, which on the benchmark machine
-    is worth more than the extra calls cost.
+    The penalty chain's steps need not be the state chain's chunks: chunks longer than
+    :data:`_PENALTY_CHUNK` tokens are cut into steps of that length, and every
+    :data:`_RESTART_TOKENS` tokens make a block (the last block padded with zero tokens, which
+    change nothing: module docstring).  Heads are independent; taking about
+    :data:`_GROUP_CHUNKS` blocks at a time keeps the float64 intermediates of one call (a few
+    MiB) in the CPU's cache.
     """
-    B, H, NC, C, dk = U.shape
-    size = max(1, _GROUP_CHUNKS // NC)
-    flat_U, flat_K = U.flatten(0, 1), K_hat.flatten(0, 1)
-    flat_M = _chunk_start_M(U, config).flatten(0, 1)
+    B, H, NC, C_state, dk = U.shape
+    C = min(C_state, _PENALTY_CHUNK)
+    n = NC * C_state // C  # steps of C tokens
+    m = min(max(1, _RESTART_TOKENS // C), n)
+    NB = -(-n // m)
+    U, K_hat = U.reshape(B * H, n, C, dk), K_hat.reshape(B * H, n, C, dk)
+    if NB * m != n:
+        pad = (0, 0, 0, 0, 0, NB * m - n)
+        U, K_hat = torch.nn.functional.pad(U, pad), torch.nn.functional.pad(K_hat, pad)
+    U, K_hat = U.view(B * H, NB, m, C, dk), K_hat.view(B * H, NB, m, C, dk)
     out = _WORKSPACE.get("gate", U.shape, work, U.device)
+    size = max(1, _GROUP_CHUNKS // NB)
     gates, ends = [], []
     for lo in range(0, B * H, size):
         hi = min(lo + size, B * H)
-        sub = (flat_U[None, lo:hi], flat_K[None, lo:hi], config, flat_M[None, lo:hi])
-        result = _penalty_prefix(*sub)
+        target = None if out is None else out[lo:hi]
+        result = _penalty_blocks(U[lo:hi], K_hat[lo:hi], config, work, target)
         if result is None:
             return None
-        alpha, A_end, _ = result
-        target = None if out is None else out.flatten(0, 1)[lo:hi]
-        gates.append(_gate(alpha[0], config, work, target))
-        ends.append(A_end[0])
-    gate = out if out is not None else torch.cat(gates).view(B, H, NC, C, dk)
+        gates.append(result[0])
+        ends.append(result[1])
+    gate = (out if out is not None else torch.cat(gates)).view(B, H, NB * m * C, dk)
+    gate = gate[:, :, : NC * C_state].reshape(B, H, NC, C_state, dk)
     return gate, torch.cat(ends).view(B, H, dk, dk)
 
 
@@ -515,6 +577,8 @@ def _state_chain(
         starts.append(S)
         E = V_t[:, c] if K_t is None else torch.baddbmm(V_t[:, c], K_t[:, c], S.mT, alpha=-1.0)
         residuals.append(E)
+        # S + (Eᵀ Â), never baddbmm(S, Eᵀ, Â): that accumulates the product's terms into S one
+        # after another, and on near-parallel keys it was measured 3x further from the oracle.
         S = S + E.mT @ gates[:, c]
     S_starts = _stack(starts, "S_starts")  # [B·H, NC, dv, dk]
     E = _stack(residuals, "E") if K_t is not None else V_t
@@ -655,14 +719,19 @@ def _chunked(
     else:  # pragma: no cover - check_support refuses it
         raise ValueError(variant)
 
-    # z_t = z_0 + Σ_{s≤t} k_s (sequential sums, as the recurrence makes them), in the chunk layout
-    # of the reads: [B, H, NC, C, dk].
-    z = torch.cumsum(K_raw.view(B, H, -1, dk), dim=2).view(K_raw.shape)
+    # z_t = z_0 + Σ_{s≤t} k_s, in the chunk layout of the reads: [B, H, NC, C, dk].  torch's CPU
+    # cumsum accumulates float32 in float64 and rounds each z_t once, so its error is at most the
+    # float32 recurrence's (one rounding per step).
+    flat = K_raw.view(B, H, -1, dk)
+    z = _WORKSPACE.get("z", flat.shape, flat.dtype, flat.device)
+    z = torch.cumsum(flat, dim=2) if z is None else torch.cumsum(flat, dim=2, out=z)
     if z0 is not None:
-        z = z0[:, :, None, None] + z
-    z_T = z.view(B, H, -1, dk)[:, :, T - 1]  # [B, H, dk]
+        z = z0[:, :, None] + z
+    z_T = z[:, :, T - 1].clone()  # [B, H, dk]; z may live in the workspace
     if config.normalize_output:  # spec §2.3 read-out
-        reads = reads / torch.clamp_min((z * Qc).sum(-1, keepdim=True), config.out_eps)
+        zq = z.mul_(Qc.view(z.shape)) if _WORKSPACE.active else z * Qc.view(z.shape)
+        den = torch.clamp_min(zq.sum(-1, keepdim=True), config.out_eps).view(*reads.shape[:-1], 1)
+        reads = reads / den
     elif _WORKSPACE.active:  # o must not live in the workspace
         reads = reads.clone()
     o = reads.reshape(B, H, -1, dv)[:, :, :T].transpose(1, 2)  # [B, T, H, dv]
