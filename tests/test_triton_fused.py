@@ -290,15 +290,20 @@ def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> No
         assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
 
 
-def test_two_pass_backward_value_blocks() -> None:
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric_A0", "general_A0"])
+def test_two_pass_backward_value_blocks(symmetric: bool) -> None:
     """The two-pass backward sums per-value-block partials: with dv = 40 over blocks of 16 rows
     (three blocks, the last padded) and segments of one chunk, float64 gradients equal the fused
-    backward's to rounding."""
+    backward's to rounding — with a symmetric A_0 through the G = dA + dAᵀ form, with a
+    non-symmetric one through the general form (which symmetric_backward=True refuses)."""
     tf = _fused()
     case = _case(9, T=11, dk=6, dv=40)
+    arrays = list(case.arrays().values())
+    if not symmetric:
+        arrays[5] = arrays[5] + 0.05 * np.random.default_rng(0).standard_normal(arrays[5].shape)
     grads = []
     for options in ({"schedule": "fused"}, {**TWO_PASS, "block_v": 16, "backward_segment": 4}):
-        xs = [torch.tensor(a, requires_grad=True) for a in case.arrays().values()]
+        xs = [torch.tensor(a, requires_grad=True) for a in arrays]
         o, (S, A, z) = tf.fused_recurrent_vla(
             *xs[:4],
             config=VLAConfig(nudge_period=4),
@@ -309,6 +314,13 @@ def test_two_pass_backward_value_blocks() -> None:
         grads.append(torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13 * (1 + float(b.abs().max())))
+    if not symmetric:
+        xs = [torch.tensor(a, requires_grad=True) for a in arrays]
+        with pytest.raises(UnsupportedConfigurationError) as info:
+            tf.fused_recurrent_vla(
+                *xs[:4], initial_state=tuple(xs[4:]), schedule="two_pass", symmetric_backward=True
+            )
+        assert info.value.argument == "symmetric_backward"
 
 
 def test_gradients_do_not_depend_on_checkpoint_interval() -> None:

@@ -273,7 +273,7 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # record (its cost), never chosen.
     space = {
         64: [fused(2), two(2), fused(None, None, "exact")],
-        128: [two(4), two(4, nw=4), two(4, bv=32), fused(None, None, "exact")],
+        128: [two(4, nw=4), fused(None, None, "exact")],
     }
     if smoke:
         space = {16: [fused(4), two(2), fused(None, None, "exact")]}
@@ -297,12 +297,14 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # Backward: fwd+bwd at T = 2048 of the fused backward (after the fused forward) and of the
     # two-pass one (after the two-pass forward) with its gate-backward warps; the fastest joins
     # the chosen options when its forward is the chosen one.
+    general = {"symmetric_backward": False}  # the penalty adjoint without G = dA + dAᵀ
     bwd_space = {
-        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 4}],
+        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 2}, {**two(2), **general}],
         128: [
-            {**two(4), "num_warps": 4},
-            {**two(4), "num_warps": 4, "bwd_num_warps": 16},
-            {**two(4), "num_warps": 4, "bwd_num_warps": 4},
+            two(4, nw=4),
+            {**two(4, nw=4), "bwd_num_warps": 4},
+            {**two(4, nw=4), "bwd_num_warps": 16},
+            {**two(4, nw=4), **general},
         ],
     }
     if smoke:
@@ -326,12 +328,8 @@ def sweep(smoke: bool) -> tuple[dict, list]:
         if fwdbwd and D in chosen:
             fastest = fwdbwd[min(fwdbwd)]
             if fastest["schedule"] == chosen[D]["schedule"]:
-                chosen[D] = {
-                    **chosen[D],
-                    **{k: fastest[k] for k in ("bwd_num_warps",) if k in fastest},
-                }
-                if fastest["schedule"] == "two_pass" and fastest.get("num_warps"):
-                    chosen[D]["num_warps"] = fastest["num_warps"]
+                for key in ("bwd_num_warps", "symmetric_backward"):
+                    chosen[D][key] = fastest.get(key)
     return chosen, rows
 
 

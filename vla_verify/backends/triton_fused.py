@@ -227,8 +227,12 @@ def _forward(
     # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
     # through global memory, (B·H·T·(2·BK + 2)) floats, which the state pass reads back.  These
     # kernels keep every matrix transposed in memory (triton_fused_kernels, module docstring).
-    if ck is not None:
-        ck = (ck[0].view(B, H, nc, dk, dv), *ck[1:])  # Sᵀ checkpoints
+    if ck is not None:  # Sᵀ checkpoints; A and z with one more slot, the final state
+        ck = (
+            ck[0].view(B, H, nc, dk, dv),
+            torch.empty(B, H, nc + 1, dk, dk, dtype=acc, device=dev),
+            torch.empty(B, H, nc + 1, dk, dtype=acc, device=dev),
+        )
     s0t, a0t = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
     sTt = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
     aTt = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
@@ -237,9 +241,9 @@ def _forward(
     ah = torch.empty(B * H, T, bk, dtype=acc, device=dev)
     sc = torch.empty(B * H, T, 2, dtype=acc, device=dev)
     kernels.vla_gate_kernel[(B * H,)](
-        q, k, u, kh, ah, sc, a0t, z0, aTt, zT, cka, ckz, params,
+        q, k, u, kh, ah, sc, kh, sc, a0t, z0, aTt, zT, cka, ckz, params,
         T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, 0, T,
-        BK=bk, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+        BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
         num_warps=gate_num_warps or _default_gate_warps(bk), **flags,
     )  # fmt: skip
     kernels.vla_state_kernel[(nv, B * H)](
@@ -312,11 +316,13 @@ def _backward_two_pass(
     checkpoint interval), segments in reverse order, ``dS, dA, dz`` carried between them:
 
     1. :func:`kernels.vla_gate_kernel` reruns the penalty chain from the segment's ``(A, z)``
-       checkpoint, for the segment's ``k̂, α̂`` (the forward keeps no per-token history);
+       checkpoint, for the segment's ``k̂, α̂, s`` and scalars (the forward keeps no per-token
+       history);
     2. :func:`kernels.vla_state_bwd_kernel`, one program per (b, h) and value block: the state
        adjoint, with per-block partial sums of the vectors the penalty half needs;
     3. :func:`kernels.vla_gate_bwd_kernel`, one program per (b, h): the penalty adjoint from the
-       summed partials.
+       summed partials and the rerun's vectors, walking each chunk back from the next
+       checkpoint (the forward stores the final state as one more).
 
     ``L`` keeps the partial sums (``4·NV·B·H·L·BK`` floats) under :data:`_SEGMENT_FLOATS`, or is
     ``options["backward_segment"]`` when given.  Same returns as :func:`_backward_fused`.
@@ -341,22 +347,24 @@ def _backward_two_pass(
     # dSᵀ, dAᵀ: the kernels' memory layout, like the checkpoints (cks holds Sᵀ [dk, dv]).
     dS, dA, dz = final[0].mT.contiguous(), final[1].mT.contiguous(), final[2]
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
-    vec = torch.empty(BH, every, 3 * bk, dtype=acc, device=dev)
-    scr = torch.empty(BH, every, 8, dtype=acc, device=dev)
     a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
+    symmetric = options["symmetric_backward"]
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
         kh = torch.empty(BH, n, bk, dtype=acc, device=dev)
         ah = torch.empty(BH, n, bk, dtype=acc, device=dev)
         sc = torch.empty(BH, n, 2, dtype=acc, device=dev)
+        sv = torch.empty(BH, n, bk, dtype=acc, device=dev)
+        cs = torch.empty(BH, n, 4, dtype=acc, device=dev)
         kernels.vla_gate_kernel[(BH,)](
-            q, k, u, kh, ah, sc, cka[:, :, c].contiguous(), ckz[:, :, c].contiguous(), a_end,
-            z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
-            BK=bk, HAS_INIT=True, SAVE_CKPT=False, NORM_GATE=config.normalize_gate, ACC=acc_tl,
-            BUG=0, DOWNDATE=options["downdate"], num_warps=gate_warps,
+            q, k, u, kh, ah, sc, sv, cs, cka[:, :, c].contiguous(), ckz[:, :, c].contiguous(),
+            a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
+            BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
+            NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
+            num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -371,20 +379,39 @@ def _backward_two_pass(
         dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
         dA_begin = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
         dz_begin = torch.empty(B, H, dk, dtype=acc, device=dev)
+        if symmetric:  # the kernel carries G = dA + dAᵀ and writes dα_t, ds_t
+            d_gate = torch.empty(BH, n, bk, dtype=acc, device=dev)
+            d_pen = torch.empty(BH, n, bk, dtype=acc, device=dev)
+            dA_in = dA + dA.mT
+        else:
+            d_gate = d_pen = sv  # unused pointers
+            dA_in = dA
         kernels.vla_gate_bwd_kernel[(BH,)](
-            q, k, u, sums[0], sums[1], sums[2], dn_sum, cka, ckz, dA, dz, vec, scr, dq, dk_, du,
-            dA_begin, dz_begin, params, T, H, dk, nudge, every, nc, t_begin, n,
+            q, k, u, kh, ah, sc, sv, cs, sums[0], sums[1], sums[2], dn_sum, cka, ckz, dA_in, dz,
+            dq, dk_, du, dA_begin, dz_begin, d_gate, d_pen, params, T, H, dk, nudge, every, nc,
+            t_begin, n,
             BK=bk, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
-            ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"],
+            ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"], SYMMETRIC=symmetric,
             num_warps=options["bwd_num_warps"] or _default_gate_bwd_warps(bk),
         )  # fmt: skip
+        if symmetric:
+            # dAᵀ before the segment = dAᵀ after it + Σ_t (k̂_t dα_tᵀ + u_t ds_tᵀ), summed in
+            # float64 (immune to a global TF32 setting; 2·n·dk² products per (b, h)).
+            U = u[:, t_begin : t_begin + n].transpose(1, 2).reshape(BH, n, dk)
+            f64 = torch.float64
+            terms = kh[..., :dk].mT.to(f64) @ d_gate[..., :dk].to(f64)
+            terms += U.mT.to(f64) @ d_pen[..., :dk].to(f64)
+            dA_begin = (dA.to(f64) + terms.view(B, H, dk, dk)).to(acc)
         dS, dA, dz = dS_begin, dA_begin, dz_begin
     return dq, dk_, dv_, du, dS.mT.contiguous(), dA.mT.contiguous(), dz
 
 
 def _default_gate_bwd_warps(bk: int) -> int:
-    """Warps of the two-pass gate backward, which holds ``Aᵀ`` and ``dAᵀ`` ``[BK, BK]``."""
-    return max(2, bk * bk // 2048)
+    """Warps of the two-pass gate backward, which holds ``Aᵀ`` and ``dAᵀ`` ``[BK, BK]``: 2, 4, 8
+    for BK ≤ 32, 64, 128 (H200 at T = 2048: 4 warps 10.6 ms against 17.2 with 2 at BK = 64; 8
+    warps 30.6 ms against 36.7 with 16 and 37.5 with 4 at BK = 128;
+    ``benchmarks/results/h200/two_pass_sweep.json``)."""
+    return 2 if bk <= 32 else 4 if bk <= 64 else 8
 
 
 class FusedRecurrentVLAFunction(torch.autograd.Function):
@@ -410,6 +437,16 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         state0 = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[:7])
+        if save and _two_pass(options["schedule"], q.shape[-1]):
+            symmetric = A0 is None or bool(torch.equal(A0, A0.mT))  # one sync with a given A0
+            if options["symmetric_backward"] and not symmetric:
+                raise UnsupportedConfigurationError(
+                    _NAME,
+                    "symmetric_backward=True needs a symmetric initial A",
+                    "symmetric_backward",
+                )
+            options = {**options, "symmetric_backward": symmetric and (
+                options["symmetric_backward"] is not False)}  # fmt: skip
         o, (sT, aT, zT), ck = _forward(
             q,
             k,
@@ -475,6 +512,7 @@ def fused_recurrent_vla(
     gate_num_warps: int | None = None,
     backward_segment: int | None = None,
     bwd_num_warps: int | None = None,
+    symmetric_backward: bool | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -508,7 +546,12 @@ def fused_recurrent_vla(
     backward_segment : two-pass backward only: tokens per segment, rounded down to a multiple
         of ``checkpoint_every`` (default: as long as keeps its partial sums under 256 MiB).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
-        of the two-pass gate backward (default 2, or 8 when dk = 128).
+        of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
+    symmetric_backward : two-pass backward only.  When every ``A_t`` is symmetric (no initial
+        state, or a symmetric ``A_0``: checked, one device sync) the penalty adjoint carries
+        ``dA + dAᵀ`` and needs no cross-lane sums (:func:`kernels.vla_gate_bwd_kernel`).
+        ``None``: whenever it applies; ``False``: never (the general form, for comparison);
+        ``True``: required (a non-symmetric ``A_0`` is refused).
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -558,6 +601,7 @@ def fused_recurrent_vla(
         "gate_num_warps": gate_num_warps,
         "backward_segment": backward_segment,
         "bwd_num_warps": bwd_num_warps,
+        "symmetric_backward": symmetric_backward,
         "bug": bug,
     }
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))

@@ -486,6 +486,8 @@ def vla_gate_kernel(
     kh_ptr,
     ah_ptr,
     sc_ptr,
+    sv_ptr,
+    cs_ptr,
     a0_ptr,
     z0_ptr,
     aT_ptr,
@@ -504,6 +506,7 @@ def vla_gate_kernel(
     BK: tl.constexpr,
     HAS_INIT: tl.constexpr,
     SAVE_CKPT: tl.constexpr,
+    SAVE_CHAIN: tl.constexpr,
     NORM_GATE: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr,
@@ -518,8 +521,11 @@ def vla_gate_kernel(
     z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``: everything the state pass
     (:func:`vla_state_kernel`) and the state backward (:func:`vla_state_bwd_kernel`) need.
     Starts from ``(a0, z0)`` ``[B, H, ...]`` (``HAS_INIT``) or the spec defaults; writes the last
-    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does — every ``A``
-    transposed in memory (module docstring).  The backward
+    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does, plus the last
+    state into slot ``NC`` (the end of the last chunk, for :func:`vla_gate_bwd_kernel`) — every
+    ``A`` transposed in memory (module docstring).  With ``SAVE_CHAIN`` (the backward's rerun)
+    also the Sherman–Morrison vectors ``s`` to ``sv`` ``[B·H, n_steps, BK]`` and ``(1 + uᵀs, δ,
+    ‖α‖, ‖k‖)`` to ``cs`` ``[B·H, n_steps, 4]``.  The backward
     reruns it from a checkpoint, one segment at a time.
     """
     i_bh = tl.program_id(0).to(tl.int64)
@@ -558,11 +564,11 @@ def vla_gate_kernel(
         u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
         if SAVE_CKPT:
             if t % CK == 0:
-                c = (i_bh * NC + t // CK).to(tl.int64)
+                c = (i_bh * (NC + 1) + t // CK).to(tl.int64)
                 tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
                 tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        z, kh, zq, _knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-        A, ah, ahq, _s, _dr, _d, _an = _gate_t(
+        z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
+        A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
             A,
             kh,
             u_t,
@@ -582,8 +588,19 @@ def vla_gate_kernel(
         tl.store(ah_row + i * BK + ok, ah)
         tl.store(sc_row + 2 * i, ahq)
         tl.store(sc_row + 2 * i + 1, zq)
+        if SAVE_CHAIN:
+            tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
+            cs = cs_ptr + (i_bh * n_steps + i) * 4
+            tl.store(cs, delta_raw)
+            tl.store(cs + 1, delta)
+            tl.store(cs + 2, anorm)
+            tl.store(cs + 3, knorm)
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
+    if SAVE_CKPT:
+        c = (i_bh * (NC + 1) + NC).to(tl.int64)
+        tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
+        tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
 
 
 @triton.jit
@@ -796,6 +813,11 @@ def vla_gate_bwd_kernel(
     q_ptr,
     k_ptr,
     u_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    sv_ptr,
+    cs_ptr,
     dqs_ptr,
     dahs_ptr,
     dkhs_ptr,
@@ -804,13 +826,13 @@ def vla_gate_bwd_kernel(
     ckz_ptr,
     daT_ptr,
     dzT_ptr,
-    vec_ptr,
-    scr_ptr,
     dq_ptr,
     dk_ptr,
     du_ptr,
     da0_ptr,
     dz0_ptr,
+    dav_ptr,
+    dsv_ptr,
     p_ptr,
     T,
     H,
@@ -826,19 +848,30 @@ def vla_gate_bwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    SYMMETRIC: tl.constexpr = False,
 ):
     """Backward of the key and penalty halves of spec §2.3 for one (b, h) over the segment
     ``t_begin ≤ t < t_begin + n_steps``, given the value-row sums of the state backward
     (``dqs, dahs, dkhs`` ``[B·H, n_steps, BK]``, ``dns`` ``[B·H, n_steps]``: see
-    :func:`vla_state_bwd_kernel`) and ``dA, dz`` after the segment (``daT, dzT``).
+    :func:`vla_state_bwd_kernel`), the per-token vectors of the gate rerun (``kh, ah, sc, sv,
+    cs``: :func:`vla_gate_kernel` with ``SAVE_CHAIN``) and ``dA, dz`` after the segment.
 
-    Per chunk of ``CK`` tokens, in reverse: reload the ``(A, z)`` checkpoint, recompute the chain
-    storing ``k̂, s, α̂`` and the scalars in a per-program scratch (``vec`` ``[B·H, CK, 3·BK]``,
-    ``scr`` ``[B·H, CK, 8]``), then walk back with ``Aᵀ`` and ``dAᵀ`` in registers:
+    No recomputation here: each chunk of ``CK`` tokens starts from the state at its *end*, the
+    next checkpoint (slot ``c + 1``; the last chunk's is slot ``NC``, the final state), and walks
+    back with ``Aᵀ`` and ``dAᵀ`` in registers, reconstructing ``A_{t-1} = A_t + s sᵀ/δ − η_t I``
+    and ``z_{t-1} = z_t − k_t`` (rounding adds up over at most ``CK`` steps):
     ``dn = −(Σ doᵀS_t q)/n²``, ``dz += dn q``, ``dq = Σ S_tᵀdr + dn z_t``; ``dα`` from ``dα̂``;
     ``dk̂ = Σ(−S_{t-1}ᵀde) + A_tᵀdα``, ``dA += dα k̂ᵀ``; ``ds = −(dA + dAᵀ)s/δ``,
     ``dδ = sᵀdA s/δ²``, ``du = dδ s + A_{t-1}ᵀ ds``, ``dA += ds uᵀ`` (the adjoint equations of
     :func:`vla_bwd_kernel`); ``dk = dz + ∂k̂/∂k · dk̂``.  Writes ``dA, dz`` before the segment.
+
+    ``SYMMETRIC`` (every ``A_t`` symmetric, i.e. a symmetric ``A_0``): the tile holds
+    ``G = dA + dAᵀ`` instead of ``dAᵀ`` (``daT`` is ``G`` after the segment), since only
+    ``(dA + dAᵀ) s`` and ``sᵀdA s = ½ sᵀG s`` enter the adjoint; with ``Aᵀ = A`` every
+    product of the step is then a sum down axis 0 (no shuffle butterflies).  ``dA`` itself is
+    ``dA_end + Σ_t (dα_t k̂_tᵀ + ds_t u_tᵀ)``: the kernel writes ``dα_t, ds_t`` to ``dav, dsv``
+    ``[B·H, n_steps, BK]`` and the caller forms the sums (two batched products); ``da0`` is not
+    written.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -853,79 +886,39 @@ def vla_gate_bwd_kernel(
     dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
     base_k = (i_b * T * H + i_h) * DK
     stride_k = H * DK
-    W = 3 * BK
-    vec = vec_ptr + i_bh * CK * W
-    scr = scr_ptr + i_bh * CK * 8
-    sums = i_bh * n_steps
+    rows = i_bh * n_steps  # this program's first row in the segment buffers
     n_chunks = tl.cdiv(n_steps, CK)
     for jc in range(n_chunks):
         i0 = (n_chunks - 1 - jc) * CK
         nt = tl.minimum(CK, n_steps - i0)
-        c = i_bh * NC + (t_begin + i0) // CK
-        A = tl.load(cka_ptr + c * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
-        z = tl.load(ckz_ptr + c * DK + ok, mask=mk, other=0.0).to(ACC)
-        # 1. Recompute the chunk's penalty chain from its checkpoint, keeping its vectors.
-        for j in range(nt):
-            t = t_begin + i0 + j
-            q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
-            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
-            u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
-            z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-            A, ah, _ahq, s, delta_raw, delta, anorm = _gate_t(
-                A,
-                kh,
-                u_t,
-                q_t,
-                t,
-                eye,
-                nudge_period,
-                nudge_eta,
-                sm_floor,
-                norm_eps,
-                NORM_GATE,
-                ACC,
-                0,
-                DOWNDATE,
-            )
-            row = vec + j * W
-            tl.store(row + ok, kh)
-            tl.store(row + BK + ok, s)
-            tl.store(row + 2 * BK + ok, ah)
-            srow = scr + j * 8
-            tl.store(srow + 0, delta_raw)
-            tl.store(srow + 1, delta)
-            tl.store(srow + 2, anorm)
-            tl.store(srow + 3, knorm)
-            tl.store(srow + 4, zq)
-        tl.debug_barrier()
-        # 2. Backwards through the chunk: A = A_t, z = z_t on entry to each step.
+        c_end = i_bh * (NC + 1) + (t_begin + i0) // CK + 1
+        A = tl.load(cka_ptr + c_end * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
+        z = tl.load(ckz_ptr + c_end * DK + ok, mask=mk, other=0.0).to(ACC)
         for jj in range(nt):
-            j = nt - 1 - jj
-            i = i0 + j
+            i = i0 + nt - 1 - jj
             t = t_begin + i
+            r = rows + i
             q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
             k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
             u_t = tl.load(u_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
-            row = vec + j * W
-            kh = tl.load(row + ok)
-            s = tl.load(row + BK + ok)
-            ah = tl.load(row + 2 * BK + ok)
-            srow = scr + j * 8
-            delta_raw = tl.load(srow + 0)
-            delta = tl.load(srow + 1)
-            anorm = tl.load(srow + 2)
-            knorm = tl.load(srow + 3)
-            zq = tl.load(srow + 4)
-            dq = tl.load(dqs_ptr + (sums + i) * BK + ok)
-            dah = tl.load(dahs_ptr + (sums + i) * BK + ok)
+            kh = tl.load(kh_ptr + r * BK + ok)
+            ah = tl.load(ah_ptr + r * BK + ok)
+            s = tl.load(sv_ptr + r * BK + ok)
+            zq = tl.load(sc_ptr + r * 2 + 1)
+            delta_raw = tl.load(cs_ptr + r * 4)
+            delta = tl.load(cs_ptr + r * 4 + 1)
+            anorm = tl.load(cs_ptr + r * 4 + 2)
+            knorm = tl.load(cs_ptr + r * 4 + 3)
+            dq = tl.load(dqs_ptr + r * BK + ok)
+            dah = tl.load(dahs_ptr + r * BK + ok)
             if BUG == 3:
                 dkh = tl.zeros([BK], dtype=ACC)
             else:
-                dkh = tl.load(dkhs_ptr + (sums + i) * BK + ok)
+                dkh = tl.load(dkhs_ptr + r * BK + ok)
             # Read-out denominator n = max(z_tᵀq, out_eps); z_t = z_{t-1} + k_t.
             if NORM_OUT:
                 n = tl.maximum(zq, out_eps)
-                dn = -_div(tl.load(dns_ptr + sums + i), n * n, ACC)
+                dn = -_div(tl.load(dns_ptr + r), n * n, ACC)
                 dn = tl.where(zq > out_eps, dn, 0.0)
             else:
                 dn = 0.0
@@ -933,42 +926,58 @@ def vla_gate_bwd_kernel(
             dq = dq + dn * z
             dk_t = dz
             z = z - k_t
-            # α̂ = α / max(||α||, norm_eps).
+            # α̂ = α / max(||α||, norm_eps).  Vectors are scaled by one correctly rounded reciprocal
+            # (0.5 + 1 ulp; the gradient budgets of spec §4 are far wider): a vector division
+            # compiles to a call per element, and calls in this loop spilled its two tiles.
             if NORM_GATE:
-                da = tl.where(
-                    anorm > norm_eps,
-                    _div(dah - ah * tl.sum(ah * dah, axis=0), anorm, ACC),
-                    _div(dah, norm_eps, ACC),
-                )
+                ra = _div(1.0, tl.maximum(anorm, norm_eps), ACC)
+                da = tl.where(anorm > norm_eps, dah - ah * tl.sum(ah * dah, axis=0), dah) * ra
             else:
                 da = dah
             # α = A_t k̂: dk̂ += A_tᵀ dα (Σ_i A[i, j] dα_i = Σ_i Aᵀ[j, i] dα_i), dA += dα k̂ᵀ.
-            dkh = dkh + tl.sum(A * da[None, :], axis=1)
-            dA = dA + kh[:, None] * da[None, :]
-            # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
-            P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
-            P2 = tl.sum(dA * s[None, :], axis=1)  # (dAᵀ s)_j
             rd = _div(1.0, delta, ACC)
-            ds = -(P1 + P2) * rd
-            ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
+            if SYMMETRIC:
+                dkh = dkh + tl.sum(A * da[:, None], axis=0)
+                dA = dA + kh[:, None] * da[None, :] + da[:, None] * kh[None, :]
+                # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
+                Gs = tl.sum(dA * s[:, None], axis=0)  # ((dA + dAᵀ) s)_i
+                ds = -Gs * rd
+                ddelta = 0.5 * tl.sum(s * Gs, axis=0) * (rd * rd)
+            else:
+                dkh = dkh + tl.sum(A * da[None, :], axis=1)
+                dA = dA + kh[:, None] * da[None, :]
+                # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
+                P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
+                P2 = tl.sum(dA * s[None, :], axis=1)  # (dAᵀ s)_j
+                ds = -(P1 + P2) * rd
+                ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
             through = delta_raw > sm_floor
             ds = ds + tl.where(through, ddelta, 0.0) * u_t
             du = tl.where(through, ddelta, 0.0) * s
             eta = tl.where((t + 1) % nudge_period == 0, nudge_eta, 0.0)
-            A = A + _div(s[:, None] * s[None, :], delta, ACC) - tl.where(eye, eta, 0.0)
-            du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
-            dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
+            # A_{t-1} from A_t with the forward's downdate term: an FMA per entry (DOWNDATE_FMA);
+            # a correctly rounded division per entry was half of this kernel's time at BK = 128.
+            if DOWNDATE == 1:
+                A = tl.fma(s[:, None] * s[None, :], rd, A)
+            else:
+                A = A + _div(s[:, None] * s[None, :], delta, ACC)
+            A = A - tl.where(eye, eta, 0.0)
+            if SYMMETRIC:
+                du = du + tl.sum(A * ds[:, None], axis=0)  # A_{t-1}ᵀ ds = A_{t-1} ds
+                dA = dA + u_t[:, None] * ds[None, :] + ds[:, None] * u_t[None, :]
+                tl.store(dav_ptr + r * BK + ok, da)
+                tl.store(dsv_ptr + r * BK + ok, ds)
+            else:
+                du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
+                dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
             # k̂ = k / max(||k||, norm_eps).
-            dk_t = dk_t + tl.where(
-                knorm > norm_eps,
-                _div(dkh - kh * tl.sum(kh * dkh, axis=0), knorm, ACC),
-                _div(dkh, norm_eps, ACC),
-            )
+            rk = _div(1.0, tl.maximum(knorm, norm_eps), ACC)
+            dk_t = dk_t + tl.where(knorm > norm_eps, dkh - kh * tl.sum(kh * dkh, axis=0), dkh) * rk
             tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
             tl.store(dk_ptr + base_k + t * stride_k + ok, dk_t.to(dk_ptr.dtype.element_ty), mask=mk)
             tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
-        tl.debug_barrier()
-    tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
+    if not SYMMETRIC:
+        tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
     tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
 
 
@@ -1177,7 +1186,10 @@ def vla_bwd_kernel(
             ds = ds + tl.where(through, ddelta, 0.0) * u_t
             du = tl.where(through, ddelta, 0.0) * s
             nudge = (t + 1) % nudge_period == 0
-            A = A + _div(s[:, None] * s[None, :], delta, ACC)  # the forward's quotient
+            if DOWNDATE == 1:  # the forward's downdate term, one FMA per entry
+                A = tl.fma(s[:, None] * s[None, :], rd, A)
+            else:
+                A = A + _div(s[:, None] * s[None, :], delta, ACC)  # the forward's quotient
             if nudge:
                 A = tl.where(eye, A - nudge_eta, A)
             du = du + tl.sum(A * ds[:, None], axis=0)
