@@ -314,9 +314,11 @@ def _penalty_chunk(
 #: of 64 tokens in two (measured on the benchmark of issue 4: about 5% faster than 64).
 _PENALTY_CHUNK = 32
 #: Tokens between two restarts of the prefix chain from a Cholesky factorisation of ``M``
-#: (:func:`_penalty_blocks`; measured: 256 is the fastest of 64…2048 at every chunk size).
+#: (:func:`_penalty_blocks`; on the benchmark of issue 4, the fastest of the lengths tried,
+#: 16…1024, at each chunk size).
 _RESTART_TOKENS = 256
-#: Chunk-heads per batched call in :func:`_gates_prefix`: about 1 MiB per float64 intermediate.
+#: Blocks (of all heads together) per batched call in :func:`_gates_prefix`: about 1 MiB per
+#: float64 ``dk × dk`` intermediate at ``dk = 64``.
 _GROUP_CHUNKS = 32
 
 
