@@ -339,6 +339,7 @@ def main() -> int:
     p.add_argument("--skip-checks", action="store_true", help="time without the gates (debug)")
     p.add_argument("--sweep-only", action="store_true", help="gates and the sweep, no grid")
     p.add_argument("--commit", default="", help="the commit measured (recorded in machine)")
+    p.add_argument("--no-sweep", action="store_true", help="gates, then the grid at the defaults")
     p.add_argument(
         "--tuning",
         help="a fused.json of a --sweep-only run at the same --commit with green gates: reuse "
@@ -385,6 +386,9 @@ def main() -> int:
     if previous is not None:
         result["tuning"] = previous["tuning"]
         best = {int(D): o for D, o in previous["tuning"]["chosen"].items()}
+    elif args.no_sweep:
+        best = {}
+        result["tuning"] = {"chosen": "the backend's defaults (no sweep in this run)"}
     else:
         best, rows = sweep(args.smoke)
         result["tuning"] = {"chosen": best, "rows": rows}

@@ -146,10 +146,14 @@ def _default_state_warps(bk: int, bv: int) -> int:
 SCHEDULES: tuple[str, ...] = ("auto", "fused", "two_pass")
 
 
-def _two_pass(schedule: str, dk: int) -> bool:
-    """Whether ``schedule`` runs the two-pass forward: ``auto`` takes it for dk > 64, where the
-    fused program's ``A`` and ``S`` tiles compete for registers."""
-    return schedule == "two_pass" or (schedule == "auto" and dk > 64)
+def _two_pass(schedule: str, dk: int, training: bool) -> bool:
+    """Whether ``schedule`` runs the two-pass kernels.  ``auto`` takes them for dk > 64, where
+    the fused program's ``A`` and ``S`` tiles compete for registers, and whenever gradients are
+    needed: on the H200 at T = 2048 (``benchmarks/results/h200/two_pass_sweep.json``) the fused
+    forward is faster at dk = 64 (6.4 against 9.1 ms at T = 4096) but forward + backward is
+    faster two-pass (15.8 against 19.9 ms), and the two backwards need their own forward's
+    checkpoints."""
+    return schedule == "two_pass" or (schedule == "auto" and (dk > 64 or training))
 
 
 def _check_run(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -196,7 +200,7 @@ def _forward(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     bk = _pow2(dk)
-    two_pass = _two_pass(schedule, dk)
+    two_pass = _two_pass(schedule, dk, save_checkpoints)
     bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
@@ -350,7 +354,7 @@ def _backward_two_pass(
     a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
-    symmetric = options["symmetric_backward"]
+    symmetric = bool(options["symmetric_backward"])
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
@@ -437,16 +441,15 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         state0 = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[:7])
-        if save and _two_pass(options["schedule"], q.shape[-1]):
-            symmetric = A0 is None or bool(torch.equal(A0, A0.mT))  # one sync with a given A0
-            if options["symmetric_backward"] and not symmetric:
+        two_pass = _two_pass(options["schedule"], q.shape[-1], save)
+        options = {**options, "schedule": "two_pass" if two_pass else "fused"}  # resolved
+        if save and two_pass and options["symmetric_backward"]:
+            if A0 is not None and not bool(torch.equal(A0, A0.mT)):  # one device sync
                 raise UnsupportedConfigurationError(
                     _NAME,
-                    "symmetric_backward=True needs a symmetric initial A",
+                    "symmetric_backward=True needs a symmetric initial A (A0 == A0ᵀ)",
                     "symmetric_backward",
                 )
-            options = {**options, "symmetric_backward": symmetric and (
-                options["symmetric_backward"] is not False)}  # fmt: skip
         o, (sT, aT, zT), ck = _forward(
             q,
             k,
@@ -484,7 +487,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
         options = ctx.options
         acc = _acc(q.dtype)[0]
         final = tuple(x.to(acc).contiguous() for x in (dsT, daT, dzT))
-        run = _backward_two_pass if _two_pass(options["schedule"], q.shape[-1]) else _backward_fused
+        run = _backward_two_pass if options["schedule"] == "two_pass" else _backward_fused
         dq, dk_, dv_, du, ds0, da0, dz0 = run(
             q, k, v, u, (cks, cka, ckz), do.contiguous(), final, config, options
         )
@@ -512,7 +515,7 @@ def fused_recurrent_vla(
     gate_num_warps: int | None = None,
     backward_segment: int | None = None,
     bwd_num_warps: int | None = None,
-    symmetric_backward: bool | None = None,
+    symmetric_backward: bool = False,
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -538,20 +541,22 @@ def fused_recurrent_vla(
         The backward's recomputation uses the forward's downdate, so that it retraces the
         forward's rounding.
     schedule : ``"fused"`` (one kernel: every program runs the whole step, the penalty chain
-        redone per value block), ``"two_pass"`` (a gate kernel per (b, h) holding only ``A``
-        writes ``k̂, α̂`` and two scalars per token; a state kernel per value block reads them:
-        same operations, same rounding) or ``"auto"`` (two-pass for dk > 64, where ``A`` and
-        ``S`` do not fit one program's registers together).  The backward is the same for both.
+        redone per value block; backward: one program per (b, h)), ``"two_pass"`` (a gate
+        kernel per (b, h) holding only ``A`` writes ``k̂, α̂`` and two scalars per token; a state
+        kernel per value block reads them: same operations, same rounding; backward: three
+        kernels, value-split) or ``"auto"``: two-pass for dk > 64 or when gradients are needed,
+        fused otherwise (the measurements behind it: :func:`_two_pass`).
     gate_num_warps : warps of the two-pass gate kernel (default 2, or 4 when dk = 128).
     backward_segment : two-pass backward only: tokens per segment, rounded down to a multiple
         of ``checkpoint_every`` (default: as long as keeps its partial sums under 256 MiB).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
-    symmetric_backward : two-pass backward only.  When every ``A_t`` is symmetric (no initial
-        state, or a symmetric ``A_0``: checked, one device sync) the penalty adjoint carries
-        ``dA + dAᵀ`` and needs no cross-lane sums (:func:`kernels.vla_gate_bwd_kernel`).
-        ``None``: whenever it applies; ``False``: never (the general form, for comparison);
-        ``True``: required (a non-symmetric ``A_0`` is refused).
+    symmetric_backward : two-pass backward only: the penalty adjoint carries ``dA + dAᵀ``, so
+        that every product of its step is a sum down one axis (:func:`kernels.
+        vla_gate_bwd_kernel`); needs every ``A_t`` symmetric (no initial state, or a symmetric
+        ``A_0``: checked, one device sync; otherwise refused).  Off by default: on the H200
+        (Triton 3.6) ptxas spilled its two tiles and it measured 14.1 against 13.2 ms for the
+        general form at dk = 128, T = 2048 (``benchmarks/results/h200/two_pass_sweep.json``).
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
