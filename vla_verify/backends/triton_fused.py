@@ -5,15 +5,20 @@
   ``q, k, v, u`` and the initial state through :class:`FusedRecurrentVLAFunction`.
 - :class:`TritonFusedBackend` — the same as a spec §4 callable in the registry.
 
-One kernel launch runs all T steps of every (batch, head) (kernels and their organisation:
-:mod:`vla_verify.backends.triton_fused_kernels`).  Inputs may be float32, bfloat16 or float16
-(accumulated in float32) or float64 (accumulated in float64, useful to separate algorithm from
-rounding); the output ``o`` has the inputs' dtype, the returned state the accumulation dtype
-(the registry backend casts it back to the inputs' dtype, as spec §4 expects).
+Every kernel launch runs all T steps of every (batch, head) (kernels and their organisation:
+:mod:`vla_verify.backends.triton_fused_kernels`).  Two schedules (option ``schedule``): *fused*,
+one launch for the whole step, and *two-pass*, a gate kernel (the penalty chain, one program per
+(b, h)) then a state kernel (value rows split over programs) — the same operations cut at the
+gate, faster at dk = 128 and for training (``benchmarks/NOTES_triton.md``, "Third design").
+
+Inputs may be float32, bfloat16 or float16 (accumulated in float32) or float64 (accumulated in
+float64, useful to separate algorithm from rounding); the output ``o`` has the inputs' dtype,
+the returned state the accumulation dtype (the registry backend casts it back to the inputs'
+dtype, as spec §4 expects).
 
 The backward stores a checkpoint of ``(S, A, z)`` every ``checkpoint_every`` tokens in the
 forward (memory ``B·H·⌈T/C⌉·(dk² + dv·dk + dk)`` floats, not a T-long history) and recomputes
-each chunk from its checkpoint.
+each chunk from its checkpoint (two-pass: the gate pass of one segment of tokens at a time).
 
 Without a CUDA GPU the same kernels run on CPU tensors through Triton's interpreter, which must
 be switched on (``TRITON_INTERPRET=1``) before Triton is first imported.
