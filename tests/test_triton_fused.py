@@ -105,12 +105,16 @@ def test_validate_exact_downdate() -> None:
     assert report.passed, report.summary()
 
 
-def test_refuses_unknown_downdate() -> None:
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("downdate", "sloppy"), ("schedule", "three_pass"), ("backward_segment", 0)],
+)
+def test_refuses_unknown_option(argument: str, value: object) -> None:
     tf = _fused()
     x = [torch.ones(1, 2, 1, 2, device=DEVICE) for _ in range(4)]
-    with pytest.raises(UnsupportedConfigurationError, match="downdate") as info:
-        tf.fused_recurrent_vla(*x, downdate="sloppy")
-    assert info.value.argument == "downdate"
+    with pytest.raises(UnsupportedConfigurationError, match=argument) as info:
+        tf.fused_recurrent_vla(*x, **{argument: value})
+    assert info.value.argument == argument
 
 
 def _case(seed: int, B=1, T=13, H=2, dk=5, dv=3, state=True) -> Case:
@@ -161,14 +165,6 @@ def test_value_blocks_and_checkpoint_every_agree() -> None:
     assert torch.equal(o1, o2)
     for a, b in zip(s1, s2, strict=True):
         assert torch.equal(a, b)
-
-
-def test_refuses_unknown_schedule() -> None:
-    tf = _fused()
-    x = [torch.ones(1, 2, 1, 2, device=DEVICE) for _ in range(4)]
-    with pytest.raises(UnsupportedConfigurationError, match="schedule") as info:
-        tf.fused_recurrent_vla(*x, schedule="three_pass")
-    assert info.value.argument == "schedule"
 
 
 @pytest.mark.parametrize("name", ["paper", "nudge3_ungated", "exact_raw_out_floor"])
