@@ -111,7 +111,7 @@ def _default_block_v(
     Fused: each program redoes the dk×dk penalty chain, which costs no wall time while SMs
     would otherwise idle.  Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the
     BK = 128 fused forward with 16 rows compiled to a spilling kernel, 129 ms against 19.4 ms
-    with 32 rows at T = 4096 (``benchmarks/results/h200/fused.json``, ``tuning``).  Two-pass:
+    with 32 rows at T = 4096 (``fused.json`` of commit ``59890ab``, ``tuning``).  Two-pass:
     the state pass holds no ``A``, so 16 rows are always allowed."""
     bv = _pow2(dv)
     if device.type != "cuda" or interpreted():
@@ -127,7 +127,7 @@ def _default_warps(bk: int, bv: int) -> int:
     """Warps per fused forward program, from the H200 A/B (benchmarks/results/h200/variants.json):
     the step is a chain of dependent reductions, and fewer warps mean cheaper cross-warp
     exchanges.  At dk = 128, 4 warps (128 ``A`` entries per thread, a few spilled registers)
-    measured 19.4 ms at T = 4096 against 352 ms with 8 warps (``fused.json``, ``tuning``)."""
+    measured 19.4 ms at T = 4096 against 352 ms with 8 warps (``fused.json`` of ``59890ab``)."""
     return 4 if bk * (bk + bv) > 64 * (64 + 64) else 2
 
 
