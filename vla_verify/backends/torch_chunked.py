@@ -76,12 +76,17 @@ chunk size (a step's factorisation, solve and masked products shrink with ``C`` 
 number of steps grows); and it forms ``Y`` and ``G`` transposed, so that LAPACK reads them
 column-major and solves in place.  With autograd off, the intermediates live in a per-thread
 workspace reused from call to call (:class:`_Workspace`): on CPU, fresh multi-MiB tensors
-page-fault on every call, which costs as much as the products that fill them.
-``chunk_size=64`` is the fastest of the three sizes there.  Measured and dropped: running head
-groups on two Python threads (their OpenMP teams oversubscribe two cores, and once a second
-thread has run a LAPACK call, the main thread's triangular solves stay ~3× slower, the
-sequential backend's products included); one product for ``U Aᵀ`` and ``K̂ Aᵀ`` over stacked
-rows (the in-place products that follow copy strided operands, which costs more).
+page-fault on every call, which costs as much as the products that fill them; buffers whose
+contents are spent are reused, since a smaller working set was measured a few percent faster.
+``chunk_size=64`` is the fastest of the three sizes there: about 22 ms against ~270 ms for the
+sequential backend on the benchmark machine when its VM is in its fast state, ~27 ms against
+~345 ms in its slow one (``benchmarks/results/cpu/torch_chunked_vs_sequential.json``).  Measured
+and dropped: running head groups on two Python threads (their OpenMP teams oversubscribe two
+cores, and once a second thread has run a LAPACK call, the main thread's triangular solves stay
+~3× slower, the sequential backend's products included); one product for ``U Aᵀ`` and ``K̂ Aᵀ``
+over stacked rows, or for ``T V`` and ``T K̂`` over adjacent columns (the in-place products that
+follow copy strided operands; 4% of two products at most); checking the factorisations and
+normalising the gates once for all steps of a block instead of step by step (no difference).
 """
 
 from __future__ import annotations
