@@ -107,7 +107,12 @@ def test_validate_exact_downdate() -> None:
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("downdate", "sloppy"), ("schedule", "three_pass"), ("backward_segment", 0)],
+    [
+        ("downdate", "sloppy"),
+        ("schedule", "three_pass"),
+        ("backward_segment", 0),
+        ("forward_segment", -1),
+    ],
 )
 def test_refuses_unknown_option(argument: str, value: object) -> None:
     tf = _fused()
@@ -167,30 +172,35 @@ def test_value_blocks_and_checkpoint_every_agree() -> None:
         assert torch.equal(a, b)
 
 
+#: The two-pass forward in segments of one checkpoint chunk (T = 11: three gate/state pairs).
+FORWARD_SEGMENTS = {"schedule": "two_pass", "forward_segment": 4}
+
+
 @pytest.mark.parametrize("name", ["paper", "nudge3_ungated", "exact_raw_out_floor"])
 def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
     """The two-pass forward (gate kernel, then state kernel) runs the same operations as the
     fused one: in the interpreter (one rounding order) outputs and final state are bitwise equal,
-    with dk != dv, several value blocks and a given initial state.  (Its backward sums over value
-    blocks in another order: the gradient tests check it.)"""
+    with dk != dv, several value blocks, a given initial state, and in segments of tokens.  (Its
+    backward sums over value blocks in another order: the gradient tests check it.)"""
     if CUDA:
         pytest.skip("bitwise only in the interpreter; on the GPU test_gpu_validate covers it")
     tf = _fused()
     case = _case(8, T=11, dk=6, dv=40)
     results = []
-    for schedule in ("fused", "two_pass"):
+    for options in ({"schedule": "fused"}, {"schedule": "two_pass"}, FORWARD_SEGMENTS):
         xs = [torch.tensor(a, dtype=torch.float32) for a in case.arrays().values()]
         o, (S, A, z) = tf.fused_recurrent_vla(
             *xs[:4],
             config=CONFIGS[name],
             initial_state=tuple(xs[4:]),
-            schedule=schedule,
             block_v=16,
             checkpoint_every=4,
+            **options,
         )
         results.append([o, S, A, z])
-    for a, b in zip(*results, strict=True):
-        assert torch.equal(a, b)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -270,9 +280,9 @@ GRAD_CONFIGS = {
 }
 
 
-#: The two-pass schedule with backward segments of two checkpoint chunks (T = 14: two segments;
-#: several value blocks: test_two_pass_backward_value_blocks).
-TWO_PASS = {"schedule": "two_pass", "backward_segment": 8}
+#: The two-pass schedule with backward segments of two checkpoint chunks and forward segments of
+#: one (T = 14: two and four; several value blocks: test_two_pass_backward_value_blocks).
+TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -199,6 +199,7 @@ def _forward(
     downdate: int = 0,
     schedule: str = "auto",
     gate_num_warps: int | None = None,
+    forward_segment: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -234,33 +235,44 @@ def _forward(
         )  # fmt: skip
         return o, (sT, aT, zT), ck
     # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
-    # through global memory, (B·H·T·(2·BK + 2)) floats, which the state pass reads back.  These
-    # kernels keep every matrix transposed in memory (triton_fused_kernels, module docstring).
+    # through global memory, (B·H·L·(2·BK + 2)) floats for a segment of L tokens, which the state
+    # pass reads back; segments (of whole checkpoint chunks) keep that under _FORWARD_FLOATS, the
+    # state carried between them exactly (accumulation dtype).  These kernels keep every matrix
+    # transposed in memory (triton_fused_kernels, module docstring).
     if ck is not None:  # Sᵀ checkpoints; A and z with one more slot, the final state
         ck = (
             ck[0].view(B, H, nc, dk, dv),
             torch.empty(B, H, nc + 1, dk, dk, dtype=acc, device=dev),
             torch.empty(B, H, nc + 1, dk, dtype=acc, device=dev),
         )
-    s0t, a0t = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
-    sTt = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
-    aTt = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
-    cks, cka, ckz = ck if ck is not None else (sTt, aTt, zT)
-    kh = torch.empty(B * H, T, bk, dtype=acc, device=dev)
-    ah = torch.empty(B * H, T, bk, dtype=acc, device=dev)
-    sc = torch.empty(B * H, T, 2, dtype=acc, device=dev)
-    kernels.vla_gate_kernel[(B * H,)](
-        q, k, u, kh, ah, sc, kh, sc, a0t, z0, aTt, zT, cka, ckz, params,
-        T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, 0, T,
-        BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
-        num_warps=gate_num_warps or _default_gate_warps(bk), **flags,
-    )  # fmt: skip
-    kernels.vla_state_kernel[(nv, B * H)](
-        q, v, kh, ah, sc, o, s0t, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
-        BK=bk, BV=bv, NORM_OUT=config.normalize_output,
-        num_warps=num_warps or _default_state_warps(bk, bv), **flags,
-    )  # fmt: skip
-    return o, (sTt.mT.contiguous(), aTt.mT.contiguous(), zT), ck
+    s_in, a_in = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
+    z_in = z0
+    seg = forward_segment or max(1, _FORWARD_FLOATS // (B * H * (2 * bk + 2)))
+    seg = T if seg >= T else max(checkpoint_every, seg // checkpoint_every * checkpoint_every)
+    for t_begin in range(0, T, seg):
+        n = min(seg, T - t_begin)
+        sTt = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
+        aTt = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
+        z_out = torch.empty(B, H, dk, dtype=acc, device=dev)
+        cks, cka, ckz = ck if ck is not None else (sTt, aTt, z_out)
+        kh = torch.empty(B * H, n, bk, dtype=acc, device=dev)
+        ah = torch.empty(B * H, n, bk, dtype=acc, device=dev)
+        sc = torch.empty(B * H, n, 2, dtype=acc, device=dev)
+        init = {**flags, "HAS_INIT": state0 is not None or t_begin > 0}
+        kernels.vla_gate_kernel[(B * H,)](
+            q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
+            T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
+            BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+            num_warps=gate_num_warps or _default_gate_warps(bk), **init,
+        )  # fmt: skip
+        kernels.vla_state_kernel[(nv, B * H)](
+            q, v, kh, ah, sc, o, s_in, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
+            t_begin, n, BK=bk, BV=bv, NORM_OUT=config.normalize_output,
+            num_warps=num_warps or _default_state_warps(bk, bv), **init,
+        )  # fmt: skip
+        s_in, a_in, z_in = sTt, aTt, z_out
+    zT = z_in
+    return o, (s_in.mT.contiguous(), a_in.mT.contiguous(), zT), ck
     return o, (sT, aT, zT), ck
 
 
@@ -308,6 +320,9 @@ def _backward_fused(
 
 #: Floats of the two-pass backward's per-segment buffers (value-block partial sums) at most.
 _SEGMENT_FLOATS = 1 << 26
+#: Floats of the two-pass forward's per-token gate buffers at most (4 GiB in float32; the H200
+#: grid of issue 5, B·H = 16 and T ≤ 65536, stays in one segment).
+_FORWARD_FLOATS = 1 << 30
 
 
 def _backward_two_pass(
@@ -470,6 +485,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             downdate=options["downdate"],
             schedule=options["schedule"],
             gate_num_warps=options["gate_num_warps"],
+            forward_segment=options["forward_segment"],
         )
         if save:
             assert ck is not None
@@ -519,6 +535,7 @@ def fused_recurrent_vla(
     schedule: str = "auto",
     gate_num_warps: int | None = None,
     backward_segment: int | None = None,
+    forward_segment: int | None = None,
     bwd_num_warps: int | None = None,
     symmetric_backward: bool = False,
     check_finite: bool = False,
@@ -554,6 +571,9 @@ def fused_recurrent_vla(
     gate_num_warps : warps of the two-pass gate kernel (default 2, or 4 when dk = 128).
     backward_segment : two-pass backward only: tokens per segment, rounded down to a multiple
         of ``checkpoint_every`` (default: as long as keeps its partial sums under 256 MiB).
+    forward_segment : two-pass forward only: tokens per gate/state pass pair, rounded down to a
+        multiple of ``checkpoint_every`` (default: all T while its per-token buffers stay under
+        4 GiB); the result does not depend on it.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     symmetric_backward : two-pass backward only: the penalty adjoint carries ``dA + dAᵀ``, so
@@ -591,10 +611,12 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
         )
-    if backward_segment is not None and backward_segment < 1:
-        raise UnsupportedConfigurationError(
-            _NAME, f"backward_segment must be >= 1, got {backward_segment}", "backward_segment"
-        )
+    for name, value in (
+        ("backward_segment", backward_segment),
+        ("forward_segment", forward_segment),
+    ):
+        if value is not None and value < 1:
+            raise UnsupportedConfigurationError(_NAME, f"{name} must be >= 1, got {value}", name)
     if schedule not in SCHEDULES:
         raise UnsupportedConfigurationError(
             _NAME, f"schedule must be one of {SCHEDULES}, got {schedule!r}", "schedule"
@@ -610,6 +632,7 @@ def fused_recurrent_vla(
         "schedule": schedule,
         "gate_num_warps": gate_num_warps,
         "backward_segment": backward_segment,
+        "forward_segment": forward_segment,
         "bwd_num_warps": bwd_num_warps,
         "symmetric_backward": symmetric_backward,
         "bug": bug,

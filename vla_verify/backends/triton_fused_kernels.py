@@ -621,6 +621,8 @@ def vla_state_kernel(
     DV,
     CK,
     NC,
+    t_begin,
+    n_steps,
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_INIT: tl.constexpr,
@@ -629,8 +631,8 @@ def vla_state_kernel(
     ACC: tl.constexpr,
 ):
     """Pass 2 of the two-pass forward: the state half of spec §2.3 for one (b, h) and block of
-    ``BV`` value rows, from the ``k̂, α̂, α̂ᵀq, z_tᵀq`` that :func:`vla_gate_kernel` wrote for
-    all ``T`` tokens.
+    ``BV`` value rows over tokens ``t_begin ≤ t < t_begin + n_steps``, from the ``k̂, α̂, α̂ᵀq,
+    z_tᵀq`` that :func:`vla_gate_kernel` wrote for them.
 
     Given the gates, this is the generalized delta rule ``S_t = S_{t-1} + (v − S_{t-1}k̂) α̂ᵀ``:
     one paired reduction per token.  Writes ``o`` ``[B, T, H, DV]`` (input dtype), the final
@@ -655,29 +657,31 @@ def vla_state_kernel(
     base_v = (i_b * T * H + i_h) * DV
     stride_k = H * DK
     stride_v = H * DV
-    kh_row = kh_ptr + i_bh * T * BK
-    ah_row = ah_ptr + i_bh * T * BK
-    sc_row = sc_ptr + i_bh * T * 2
-    q_n = tl.load(q_ptr + base_k + ok, mask=mk, other=0.0).to(ACC)
-    v_n = tl.load(v_ptr + base_v + ov, mask=mv, other=0.0).to(ACC)
+    kh_row = kh_ptr + i_bh * n_steps * BK
+    ah_row = ah_ptr + i_bh * n_steps * BK
+    sc_row = sc_ptr + i_bh * n_steps * 2
+    q_n = tl.load(q_ptr + base_k + t_begin * stride_k + ok, mask=mk, other=0.0).to(ACC)
+    v_n = tl.load(v_ptr + base_v + t_begin * stride_v + ov, mask=mv, other=0.0).to(ACC)
     kh_n = tl.load(kh_row + ok)
     ah_n = tl.load(ah_row + ok)
     ahq_n = tl.load(sc_row)
     zq_n = tl.load(sc_row + 1)
-    for t in range(T):
+    for i in range(n_steps):
+        t = t_begin + i
         q_t = q_n
         v_t = v_n
         kh = kh_n
         ah = ah_n
         ahq = ahq_n
         zq = zq_n
-        t_next = tl.minimum(t + 1, T - 1)
+        i_next = tl.minimum(i + 1, n_steps - 1)
+        t_next = t_begin + i_next
         q_n = tl.load(q_ptr + base_k + t_next * stride_k + ok, mask=mk, other=0.0).to(ACC)
         v_n = tl.load(v_ptr + base_v + t_next * stride_v + ov, mask=mv, other=0.0).to(ACC)
-        kh_n = tl.load(kh_row + t_next * BK + ok)
-        ah_n = tl.load(ah_row + t_next * BK + ok)
-        ahq_n = tl.load(sc_row + 2 * t_next)
-        zq_n = tl.load(sc_row + 2 * t_next + 1)
+        kh_n = tl.load(kh_row + i_next * BK + ok)
+        ah_n = tl.load(ah_row + i_next * BK + ok)
+        ahq_n = tl.load(sc_row + 2 * i_next)
+        zq_n = tl.load(sc_row + 2 * i_next + 1)
         if SAVE_CKPT:
             if t % CK == 0:
                 c = (i_bh * NC + t // CK).to(tl.int64)
