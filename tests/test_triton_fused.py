@@ -203,10 +203,25 @@ def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("pipeline_gate", [False, True], ids=["two_pass", "pipelined_gate"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_validate_two_pass(dtype: str) -> None:
-    backend = _backend().bind(schedule="two_pass")
-    report = _validate_small(backend, CONFIGS["tiny_out_eps"], dtype, seed=13)
+def test_validate_two_pass(dtype: str, pipeline_gate: bool) -> None:
+    tf = _fused()
+
+    def fn(q, k, v, u, *, config, initial_state=None):
+        o, st = tf.fused_recurrent_vla(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            initial_state=initial_state,
+            schedule="two_pass",
+            pipeline_gate=pipeline_gate,
+        )
+        return o, tuple(x.to(q.dtype) for x in st)
+
+    report = _validate_small(fn, CONFIGS["tiny_out_eps"], dtype, seed=13)
     assert report.passed, report.summary()
 
 
@@ -287,7 +302,9 @@ TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
-@pytest.mark.parametrize("schedule", ["fused", "two_pass", "two_pass_symmetric"])
+@pytest.mark.parametrize(
+    "schedule", ["fused", "two_pass", "two_pass_symmetric", "two_pass_pipelined_gate"]
+)
 def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
     """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks (and,
     two-pass, several backward segments; the symmetric penalty adjoint as well)."""
@@ -295,6 +312,7 @@ def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> No
         "fused": {"schedule": "fused"},
         "two_pass": TWO_PASS,
         "two_pass_symmetric": {**TWO_PASS, "symmetric_backward": True},
+        "two_pass_pipelined_gate": {**TWO_PASS, "pipeline_gate": True},
     }[schedule]
     # Seed 5: per slice, the float32 du ratio (kernel error / 2x the torch float32 error on the
     # same example) has a tail at seeds 3-5 of paper_nudge4 — fused 0.65 / 1.24 / 0.51, two-pass
@@ -358,7 +376,7 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 # -- the checks can fail: planted bugs -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
+@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     tf = _fused()
@@ -372,7 +390,8 @@ def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
             config=config,
             initial_state=initial_state,
             planted_bug=bug,
-            schedule=schedule,
+            schedule="fused" if schedule == "fused" else "two_pass",
+            pipeline_gate=schedule == "pipelined_gate",
         )
         return o, tuple(x.to(q.dtype) for x in st)
 

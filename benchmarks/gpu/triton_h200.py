@@ -271,9 +271,10 @@ def sweep(smoke: bool) -> tuple[dict, list]:
 
     # None = the backend's default.  The "exact" downdate is timed beside the default for the
     # record (its cost), never chosen.
+    pipelined = {"pipeline_gate": True}  # s_{t+1} in the pass that forms the gate α_t
     space = {
-        64: [fused(2), two(2), fused(None, None, "exact")],
-        128: [two(4, nw=4), fused(None, None, "exact")],
+        64: [fused(2), two(2), {**two(2), **pipelined}, fused(None, None, "exact")],
+        128: [two(4, nw=4), {**two(4, nw=4), **pipelined}, fused(None, None, "exact")],
     }
     if smoke:
         space = {16: [fused(4), two(2), fused(None, None, "exact")]}

@@ -200,6 +200,7 @@ def _forward(
     schedule: str = "auto",
     gate_num_warps: int | None = None,
     forward_segment: int | None = None,
+    pipeline_gate: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -263,6 +264,7 @@ def _forward(
             q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
             T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+            PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             num_warps=gate_num_warps or _default_gate_warps(bk), **init,
         )  # fmt: skip
         kernels.vla_state_kernel[(nv, B * H)](
@@ -388,7 +390,7 @@ def _backward_two_pass(
             a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
             BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
             NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
-            num_warps=gate_warps,
+            PIPELINE=options["pipeline_gate"], num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -486,6 +488,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             schedule=options["schedule"],
             gate_num_warps=options["gate_num_warps"],
             forward_segment=options["forward_segment"],
+            pipeline_gate=options["pipeline_gate"],
         )
         if save:
             assert ck is not None
@@ -536,6 +539,7 @@ def fused_recurrent_vla(
     gate_num_warps: int | None = None,
     backward_segment: int | None = None,
     forward_segment: int | None = None,
+    pipeline_gate: bool = False,
     bwd_num_warps: int | None = None,
     symmetric_backward: bool = False,
     check_finite: bool = False,
@@ -574,6 +578,10 @@ def fused_recurrent_vla(
     forward_segment : two-pass forward only: tokens per gate/state pass pair, rounded down to a
         multiple of ``checkpoint_every`` (default: all T while its per-token buffers stay under
         4 GiB); the result does not depend on it.
+    pipeline_gate : two-pass only: the gate kernel computes the next token's ``s = A u`` in the
+        same pass over ``A`` as the current gate (:func:`kernels._gate_pipelined_t`): two
+        dependent reductions per token instead of four, the same operations.  Off by default:
+        not yet timed on a GPU.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     symmetric_backward : two-pass backward only: the penalty adjoint carries ``dA + dAᵀ``, so
@@ -633,6 +641,7 @@ def fused_recurrent_vla(
         "gate_num_warps": gate_num_warps,
         "backward_segment": backward_segment,
         "forward_segment": forward_segment,
+        "pipeline_gate": bool(pipeline_gate),
         "bwd_num_warps": bwd_num_warps,
         "symmetric_backward": symmetric_backward,
         "bug": bug,

@@ -283,6 +283,71 @@ def _state_write_t(St, Sk, Sq, ah, ahq, zq, v, out_eps, NORM_OUT: tl.constexpr, 
 
 
 @triton.jit
+def _add_triple(a0, b0, c0, a1, b1, c1):
+    """Combine function of a three-output sum (:func:`_sum_triple`)."""
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _sum_triple(a, b, c, axis: tl.constexpr):
+    """Three independent sums in ONE reduction (see :func:`_sum_pair`)."""
+    return tl.reduce((a, b, c), axis, _add_triple)
+
+
+@triton.jit
+def _gate_pipelined_t(
+    At,
+    s,
+    delta_raw,
+    kh,
+    u_next,
+    q,
+    t,
+    eye,
+    nudge_period,
+    nudge_eta,
+    sm_floor,
+    norm_eps,
+    NORM_GATE: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+):
+    """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
+
+    ``s = A_{t-1} u_t`` and ``1 + u_tᵀs`` arrive from the previous step; the updated ``A_t`` is
+    then read once for both ``α_t = A_t k̂_t`` and ``s_{t+1} = A_t u_{t+1}`` (one paired
+    reduction), and ``u_{t+1}ᵀs_{t+1}`` joins ``‖α_t‖²`` and ``α_tᵀq`` in a second: two
+    dependent reductions per token instead of four, with the same operations on the same
+    numbers as :func:`_gate_t`.  Returns ``_gate_t``'s seven values and ``(s_{t+1},
+    1 + u_{t+1}ᵀs_{t+1})``.  (The planted bug BUG_GATE_FROM_OLD_A is not supported here.)
+    """
+    delta = tl.maximum(delta_raw, sm_floor)
+    if BUG == 2:
+        step = t
+    else:
+        step = t + 1
+    nudge = (step % nudge_period == 0) & (step > 0)
+    eta = tl.where(nudge, nudge_eta, 0.0)
+    if DOWNDATE == 1:  # DOWNDATE_FMA, as in _gate_t
+        At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
+    else:
+        At = At - _div(s[:, None] * s[None, :], delta, ACC)
+    At = At + tl.where(eye, eta, 0.0)
+    alpha, s_next = _sum_pair(At * kh[:, None], At * u_next[:, None], 0)
+    aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
+    anorm = _sqrt(aa, ACC)
+    if NORM_GATE:
+        rn = tl.maximum(anorm, norm_eps)
+        ah = _div(alpha, rn, ACC)
+        ahq = _div(aq, rn, ACC)
+    else:
+        ah = alpha
+        ahq = aq
+    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us
+
+
+@triton.jit
 def _vla_step_t(
     At,
     St,
@@ -511,6 +576,7 @@ def vla_gate_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    PIPELINE: tl.constexpr = False,
 ):
     """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
     over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -526,7 +592,8 @@ def vla_gate_kernel(
     ``A`` transposed in memory (module docstring).  With ``SAVE_CHAIN`` (the backward's rerun)
     also the Sherman–Morrison vectors ``s`` to ``sv`` ``[B·H, n_steps, BK]`` and ``(1 + uᵀs, δ,
     ‖α‖, ‖k‖)`` to ``cs`` ``[B·H, n_steps, 4]``.  The backward
-    reruns it from a checkpoint, one segment at a time.
+    reruns it from a checkpoint, one segment at a time.  ``PIPELINE``: the step of
+    :func:`_gate_pipelined_t` (two dependent reductions per token instead of four).
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -553,6 +620,9 @@ def vla_gate_kernel(
     q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+    if PIPELINE:  # s = A u and 1 + uᵀs of the first token, ahead of the loop
+        s_n = tl.sum(A * u_n[:, None], axis=0)
+        dr_n = 1.0 + tl.sum(u_n * s_n, axis=0)
     for i in range(n_steps):
         t = t_begin + i
         q_t = q_n
@@ -568,22 +638,16 @@ def vla_gate_kernel(
                 tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
                 tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
         z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-        A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
-            A,
-            kh,
-            u_t,
-            q_t,
-            t,
-            eye,
-            nudge_period,
-            nudge_eta,
-            sm_floor,
-            norm_eps,
-            NORM_GATE,
-            ACC,
-            BUG,
-            DOWNDATE,
-        )
+        if PIPELINE:
+            A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n = _gate_pipelined_t(
+                A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
+                norm_eps, NORM_GATE, ACC, BUG, DOWNDATE,
+            )  # fmt: skip
+        else:
+            A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
+                A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
+                NORM_GATE, ACC, BUG, DOWNDATE,
+            )  # fmt: skip
         tl.store(kh_row + i * BK + ok, kh)
         tl.store(ah_row + i * BK + ok, ah)
         tl.store(sc_row + 2 * i, ahq)
