@@ -216,10 +216,15 @@ def _forward(
     zT = torch.empty(B, H, dk, dtype=acc, device=dev)
     nc = triton.cdiv(T, checkpoint_every)
     if save_checkpoints:
+        # Two-pass: Sᵀ checkpoints, and A, z with one more slot for the final state (the
+        # penalty adjoint walks each chunk back from the next checkpoint).
+        slots = nc + 1 if two_pass else nc
         ck = (
-            torch.empty(B, H, nc, dv, dk, dtype=acc, device=dev),
-            torch.empty(B, H, nc, dk, dk, dtype=acc, device=dev),
-            torch.empty(B, H, nc, dk, dtype=acc, device=dev),
+            torch.empty(
+                (B, H, nc, dk, dv) if two_pass else (B, H, nc, dv, dk), dtype=acc, device=dev
+            ),
+            torch.empty(B, H, slots, dk, dk, dtype=acc, device=dev),
+            torch.empty(B, H, slots, dk, dtype=acc, device=dev),
         )
     else:
         ck = None
@@ -240,12 +245,6 @@ def _forward(
     # pass reads back; segments (of whole checkpoint chunks) keep that under _FORWARD_FLOATS, the
     # state carried between them exactly (accumulation dtype).  These kernels keep every matrix
     # transposed in memory (triton_fused_kernels, module docstring).
-    if ck is not None:  # Sᵀ checkpoints; A and z with one more slot, the final state
-        ck = (
-            ck[0].view(B, H, nc, dk, dv),
-            torch.empty(B, H, nc + 1, dk, dk, dtype=acc, device=dev),
-            torch.empty(B, H, nc + 1, dk, dtype=acc, device=dev),
-        )
     s_in, a_in = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
     z_in = z0
     seg = forward_segment or max(1, _FORWARD_FLOATS // (B * H * (2 * bk + 2)))
