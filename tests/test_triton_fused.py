@@ -122,6 +122,20 @@ def test_refuses_unknown_option(argument: str, value: object) -> None:
     assert info.value.argument == argument
 
 
+def _kernel(**options):  # type: ignore[no-untyped-def]
+    """:func:`fused_recurrent_vla` with ``options`` as a spec §4 callable (state in the inputs'
+    dtype)."""
+    tf = _fused()
+
+    def fn(q, k, v, u, *, config, initial_state=None):  # type: ignore[no-untyped-def]
+        o, st = tf.fused_recurrent_vla(
+            q, k, v, u, config=config, initial_state=initial_state, **options
+        )
+        return o, tuple(x.to(q.dtype) for x in st)
+
+    return fn
+
+
 def _case(seed: int, B=1, T=13, H=2, dk=5, dv=3, state=True) -> Case:
     rng = np.random.default_rng(seed)
     q = np.abs(rng.standard_normal((B, T, H, dk))) + 0.1
@@ -206,21 +220,7 @@ def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
 @pytest.mark.parametrize("pipeline_gate", [False, True], ids=["two_pass", "pipelined_gate"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_validate_two_pass(dtype: str, pipeline_gate: bool) -> None:
-    tf = _fused()
-
-    def fn(q, k, v, u, *, config, initial_state=None):
-        o, st = tf.fused_recurrent_vla(
-            q,
-            k,
-            v,
-            u,
-            config=config,
-            initial_state=initial_state,
-            schedule="two_pass",
-            pipeline_gate=pipeline_gate,
-        )
-        return o, tuple(x.to(q.dtype) for x in st)
-
+    fn = _kernel(schedule="two_pass", pipeline_gate=pipeline_gate)
     report = _validate_small(fn, CONFIGS["tiny_out_eps"], dtype, seed=13)
     assert report.passed, report.summary()
 
@@ -379,21 +379,11 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
-    tf = _fused()
-
-    def fn(q, k, v, u, *, config, initial_state=None):
-        o, st = tf.fused_recurrent_vla(
-            q,
-            k,
-            v,
-            u,
-            config=config,
-            initial_state=initial_state,
-            planted_bug=bug,
-            schedule="fused" if schedule == "fused" else "two_pass",
-            pipeline_gate=schedule == "pipelined_gate",
-        )
-        return o, tuple(x.to(q.dtype) for x in st)
+    fn = _kernel(
+        planted_bug=bug,
+        schedule="fused" if schedule == "fused" else "two_pass",
+        pipeline_gate=schedule == "pipelined_gate",
+    )
 
     case = _case(6, T=10, state=False)
     config = VLAConfig(nudge_period=3)
