@@ -379,16 +379,15 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
-    fn = _kernel(
-        planted_bug=bug,
-        schedule="fused" if schedule == "fused" else "two_pass",
-        pipeline_gate=schedule == "pipelined_gate",
-    )
-
+    options = {
+        "schedule": "fused" if schedule == "fused" else "two_pass",
+        "pipeline_gate": schedule == "pipelined_gate",
+    }
+    fn = _kernel(planted_bug=bug, **options)
     case = _case(6, T=10, state=False)
     config = VLAConfig(nudge_period=3)
     good, _ = evaluate_case(
-        _backend(), case, config=config, array="torch", dtype="float32", device=DEVICE
+        _kernel(**options), case, config=config, array="torch", dtype="float32", device=DEVICE
     )
     assert good is None, good.describe()
     bad, _ = evaluate_case(fn, case, config=config, array="torch", dtype="float32", device=DEVICE)
