@@ -298,14 +298,12 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # Backward: fwd+bwd at T = 2048 of the fused backward (after the fused forward) and of the
     # two-pass one (after the two-pass forward) with its gate-backward warps; the fastest joins
     # the chosen options when its forward is the chosen one.
-    general = {"symmetric_backward": False}  # the penalty adjoint without G = dA + dAᵀ
     bwd_space = {
-        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 2}, {**two(2), **general}],
+        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 2}],
         128: [
             two(4, nw=4),
             {**two(4, nw=4), "bwd_num_warps": 4},
             {**two(4, nw=4), "bwd_num_warps": 16},
-            {**two(4, nw=4), **general},
         ],
     }
     if smoke:
@@ -329,8 +327,7 @@ def sweep(smoke: bool) -> tuple[dict, list]:
         if fwdbwd and D in chosen:
             fastest = fwdbwd[min(fwdbwd)]
             if fastest["schedule"] == chosen[D]["schedule"]:
-                for key in ("bwd_num_warps", "symmetric_backward"):
-                    chosen[D][key] = fastest.get(key)
+                chosen[D]["bwd_num_warps"] = fastest.get("bwd_num_warps")
     return chosen, rows
 
 

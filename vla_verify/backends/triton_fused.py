@@ -375,7 +375,6 @@ def _backward_two_pass(
     a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
-    symmetric = bool(options["symmetric_backward"])
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
@@ -404,29 +403,13 @@ def _backward_two_pass(
         dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
         dA_begin = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
         dz_begin = torch.empty(B, H, dk, dtype=acc, device=dev)
-        if symmetric:  # the kernel carries G = dA + dAᵀ and writes dα_t, ds_t
-            d_gate = torch.empty(BH, n, bk, dtype=acc, device=dev)
-            d_pen = torch.empty(BH, n, bk, dtype=acc, device=dev)
-            dA_in = dA + dA.mT
-        else:
-            d_gate = d_pen = sv  # unused pointers
-            dA_in = dA
         kernels.vla_gate_bwd_kernel[(BH,)](
-            q, k, u, kh, ah, sc, sv, cs, sums[0], sums[1], sums[2], dn_sum, cka, ckz, dA_in, dz,
-            dq, dk_, du, dA_begin, dz_begin, d_gate, d_pen, params, T, H, dk, nudge, every, nc,
-            t_begin, n,
+            q, k, u, kh, ah, sc, sv, cs, sums[0], sums[1], sums[2], dn_sum, cka, ckz, dA, dz,
+            dq, dk_, du, dA_begin, dz_begin, params, T, H, dk, nudge, every, nc, t_begin, n,
             BK=bk, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
-            ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"], SYMMETRIC=symmetric,
+            ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"],
             num_warps=options["bwd_num_warps"] or _default_gate_bwd_warps(bk),
         )  # fmt: skip
-        if symmetric:
-            # dAᵀ before the segment = dAᵀ after it + Σ_t (k̂_t dα_tᵀ + u_t ds_tᵀ), summed in
-            # float64 (immune to a global TF32 setting; 2·n·dk² products per (b, h)).
-            U = u[:, t_begin : t_begin + n].transpose(1, 2).reshape(BH, n, dk)
-            f64 = torch.float64
-            terms = kh[..., :dk].mT.to(f64) @ d_gate[..., :dk].to(f64)
-            terms += U.mT.to(f64) @ d_pen[..., :dk].to(f64)
-            dA_begin = (dA.to(f64) + terms.view(B, H, dk, dk)).to(acc)
         dS, dA, dz = dS_begin, dA_begin, dz_begin
     return dq, dk_, dv_, du, dS.mT.contiguous(), dA.mT.contiguous(), dz
 
@@ -464,13 +447,6 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
         save = any(ctx.needs_input_grad[:7])
         two_pass = _two_pass(options["schedule"], q.shape[-1], save)
         options = {**options, "schedule": "two_pass" if two_pass else "fused"}  # resolved
-        if save and two_pass and options["symmetric_backward"]:
-            if A0 is not None and not bool(torch.equal(A0, A0.mT)):  # one device sync
-                raise UnsupportedConfigurationError(
-                    _NAME,
-                    "symmetric_backward=True needs a symmetric initial A (A0 == A0ᵀ)",
-                    "symmetric_backward",
-                )
         o, (sT, aT, zT), ck = _forward(
             q,
             k,
@@ -540,7 +516,6 @@ def fused_recurrent_vla(
     forward_segment: int | None = None,
     pipeline_gate: bool = False,
     bwd_num_warps: int | None = None,
-    symmetric_backward: bool = False,
     check_finite: bool = False,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -583,12 +558,6 @@ def fused_recurrent_vla(
         not yet timed on a GPU.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
-    symmetric_backward : two-pass backward only: the penalty adjoint carries ``dA + dAᵀ``, so
-        that every product of its step is a sum down one axis (:func:`kernels.
-        vla_gate_bwd_kernel`); needs every ``A_t`` symmetric (no initial state, or a symmetric
-        ``A_0``: checked, one device sync; otherwise refused).  Off by default: on the H200
-        (Triton 3.6) ptxas spilled its two tiles and it measured 14.1 against 13.2 ms for the
-        general form at dk = 128, T = 2048 (``benchmarks/results/h200/two_pass_sweep.json``).
     check_finite : also refuse NaN/Inf inputs (one device sync).
     planted_bug : meta-tests only (:data:`PLANTED_BUGS`).
 
@@ -642,7 +611,6 @@ def fused_recurrent_vla(
         "forward_segment": forward_segment,
         "pipeline_gate": bool(pipeline_gate),
         "bwd_num_warps": bwd_num_warps,
-        "symmetric_backward": symmetric_backward,
         "bug": bug,
     }
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))

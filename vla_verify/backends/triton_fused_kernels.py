@@ -899,8 +899,6 @@ def vla_gate_bwd_kernel(
     du_ptr,
     da0_ptr,
     dz0_ptr,
-    dav_ptr,
-    dsv_ptr,
     p_ptr,
     T,
     H,
@@ -916,7 +914,6 @@ def vla_gate_bwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
-    SYMMETRIC: tl.constexpr = False,
 ):
     """Backward of the key and penalty halves of spec §2.3 for one (b, h) over the segment
     ``t_begin ≤ t < t_begin + n_steps``, given the value-row sums of the state backward
@@ -932,14 +929,6 @@ def vla_gate_bwd_kernel(
     ``dk̂ = Σ(−S_{t-1}ᵀde) + A_tᵀdα``, ``dA += dα k̂ᵀ``; ``ds = −(dA + dAᵀ)s/δ``,
     ``dδ = sᵀdA s/δ²``, ``du = dδ s + A_{t-1}ᵀ ds``, ``dA += ds uᵀ`` (the adjoint equations of
     :func:`vla_bwd_kernel`); ``dk = dz + ∂k̂/∂k · dk̂``.  Writes ``dA, dz`` before the segment.
-
-    ``SYMMETRIC`` (every ``A_t`` symmetric, i.e. a symmetric ``A_0``): the tile holds
-    ``G = dA + dAᵀ`` instead of ``dAᵀ`` (``daT`` is ``G`` after the segment), since only
-    ``(dA + dAᵀ) s`` and ``sᵀdA s = ½ sᵀG s`` enter the adjoint; with ``Aᵀ = A`` every
-    product of the step is then a sum down axis 0 (no shuffle butterflies).  ``dA`` itself is
-    ``dA_end + Σ_t (dα_t k̂_tᵀ + ds_t u_tᵀ)``: the kernel writes ``dα_t, ds_t`` to ``dav, dsv``
-    ``[B·H, n_steps, BK]`` and the caller forms the sums (two batched products); ``da0`` is not
-    written.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -1003,22 +992,14 @@ def vla_gate_bwd_kernel(
             else:
                 da = dah
             # α = A_t k̂: dk̂ += A_tᵀ dα (Σ_i A[i, j] dα_i = Σ_i Aᵀ[j, i] dα_i), dA += dα k̂ᵀ.
+            dkh = dkh + tl.sum(A * da[None, :], axis=1)
+            dA = dA + kh[:, None] * da[None, :]
+            # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
+            P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
+            P2 = tl.sum(dA * s[None, :], axis=1)  # (dAᵀ s)_j
             rd = _div(1.0, delta, ACC)
-            if SYMMETRIC:
-                dkh = dkh + tl.sum(A * da[:, None], axis=0)
-                dA = dA + kh[:, None] * da[None, :] + da[:, None] * kh[None, :]
-                # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
-                Gs = tl.sum(dA * s[:, None], axis=0)  # ((dA + dAᵀ) s)_i
-                ds = -Gs * rd
-                ddelta = 0.5 * tl.sum(s * Gs, axis=0) * (rd * rd)
-            else:
-                dkh = dkh + tl.sum(A * da[None, :], axis=1)
-                dA = dA + kh[:, None] * da[None, :]
-                # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
-                P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
-                P2 = tl.sum(dA * s[None, :], axis=1)  # (dAᵀ s)_j
-                ds = -(P1 + P2) * rd
-                ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
+            ds = -(P1 + P2) * rd
+            ddelta = tl.sum(s * P1, axis=0) * (rd * rd)
             through = delta_raw > sm_floor
             ds = ds + tl.where(through, ddelta, 0.0) * u_t
             du = tl.where(through, ddelta, 0.0) * s
@@ -1030,22 +1011,15 @@ def vla_gate_bwd_kernel(
             else:
                 A = A + _div(s[:, None] * s[None, :], delta, ACC)
             A = A - tl.where(eye, eta, 0.0)
-            if SYMMETRIC:
-                du = du + tl.sum(A * ds[:, None], axis=0)  # A_{t-1}ᵀ ds = A_{t-1} ds
-                dA = dA + u_t[:, None] * ds[None, :] + ds[:, None] * u_t[None, :]
-                tl.store(dav_ptr + r * BK + ok, da)
-                tl.store(dsv_ptr + r * BK + ok, ds)
-            else:
-                du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
-                dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
+            du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
+            dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
             # k̂ = k / max(||k||, norm_eps).
             rk = _div(1.0, tl.maximum(knorm, norm_eps), ACC)
             dk_t = dk_t + tl.where(knorm > norm_eps, dkh - kh * tl.sum(kh * dkh, axis=0), dkh) * rk
             tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
             tl.store(dk_ptr + base_k + t * stride_k + ok, dk_t.to(dk_ptr.dtype.element_ty), mask=mk)
             tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
-    if not SYMMETRIC:
-        tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
+    tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
     tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
 
 
