@@ -112,6 +112,7 @@ def test_validate_exact_downdate() -> None:
         ("schedule", "three_pass"),
         ("backward_segment", 0),
         ("forward_segment", -1),
+        ("split_sums", 3),
     ],
 )
 def test_refuses_unknown_option(argument: str, value: object) -> None:
@@ -223,6 +224,38 @@ def test_validate_two_pass(dtype: str, pipeline_gate: bool) -> None:
     fn = _kernel(schedule="two_pass", pipeline_gate=pipeline_gate)
     report = _validate_small(fn, CONFIGS["tiny_out_eps"], dtype, seed=13)
     assert report.passed, report.summary()
+
+
+#: Forward options that regroup the same operations (split sums) or skip a no-op (the nudge
+#: branch): each must stay inside the spec §4 budget, the nudge branch bit for bit.
+FORWARD_REGROUPINGS = {
+    "one_chain": {"split_sums": 1},
+    "split8_select_nudge": {"split_sums": 8, "nudge_branch": False},
+    "branch_nudge": {"nudge_branch": True},
+    "fused_split8": {"schedule": "fused", "split_sums": 8},
+}
+
+
+@pytest.mark.parametrize("name", list(FORWARD_REGROUPINGS))
+def test_validate_forward_regroupings(name: str) -> None:
+    options = {"schedule": "two_pass", **FORWARD_REGROUPINGS[name]}
+    report = _validate_small(_kernel(**options), CONFIGS["nudge3_ungated"], "float32", seed=17)
+    assert report.passed, report.summary()
+
+
+def test_nudge_branch_is_the_select() -> None:
+    """The branch taken on nudge steps only gives the bits of the select over the tile."""
+    tf = _fused()
+    case = _case(9, T=13, dk=5, dv=7)
+    out = []
+    for branch in (False, True):
+        xs = [torch.tensor(a, dtype=torch.float32) for a in case.arrays().values()]
+        o, st = tf.fused_recurrent_vla(
+            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
+            schedule="two_pass", nudge_branch=branch,
+        )  # fmt: skip
+        out.append([o, *st])
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
 # -- gradients against the PyTorch sequential backend --------------------------------------------

@@ -200,7 +200,10 @@ def _forward(
     schedule: str = "auto",
     gate_num_warps: int | None = None,
     forward_segment: int | None = None,
-    pipeline_gate: bool = False,
+    pipeline_gate: bool = True,
+    split_sums: int = 1,
+    overlap_passes: bool = False,
+    nudge_branch: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -237,7 +240,8 @@ def _forward(
             q, k, v, u, o, s0, a0, z0, sT, aT, zT, cks, cka, ckz, params,
             T, H, dk, dv, config.nudge_period or _NEVER, checkpoint_every, nc,
             BK=bk, BV=bv, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
-            BUG=bug, DOWNDATE=downdate, num_warps=num_warps or _default_warps(bk, bv), **flags,
+            BUG=bug, DOWNDATE=downdate, SPLIT=min(split_sums, bk),
+            num_warps=num_warps or _default_warps(bk, bv), **flags,
         )  # fmt: skip
         return o, (sT, aT, zT), ck
     # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
@@ -247,8 +251,19 @@ def _forward(
     # transposed in memory (triton_fused_kernels, module docstring).
     s_in, a_in = (s0.mT.contiguous(), a0.mT.contiguous()) if state0 is not None else (sT, aT)
     z_in = z0
+    # On a GPU the state pass of segment i runs on a side stream beside the gate pass of
+    # segment i + 1 (the gate pass holds B·H SMs, the state pass NV·B·H more): the forward then
+    # costs about the gate pass plus one segment's state pass, not the sum of the two.
+    overlap = overlap_passes and dev.type == "cuda"
     seg = forward_segment or max(1, _FORWARD_FLOATS // (B * H * (2 * bk + 2)))
+    if overlap and forward_segment is None:
+        seg = min(seg, triton.cdiv(T, _OVERLAP_SEGMENTS))
     seg = T if seg >= T else max(checkpoint_every, seg // checkpoint_every * checkpoint_every)
+    main = side = None
+    if overlap and seg < T:
+        main = torch.cuda.current_stream(dev)
+        side = _side_stream(dev)
+        side.wait_stream(main)  # the inputs, o and the checkpoints are ready
     for t_begin in range(0, T, seg):
         n = min(seg, T - t_begin)
         sTt = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
@@ -264,14 +279,22 @@ def _forward(
             T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
             PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
+            SPLIT=min(split_sums, bk), NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
             num_warps=gate_num_warps or _default_gate_warps(bk), **init,
         )  # fmt: skip
-        kernels.vla_state_kernel[(nv, B * H)](
-            q, v, kh, ah, sc, o, s_in, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
-            t_begin, n, BK=bk, BV=bv, NORM_OUT=config.normalize_output,
-            num_warps=num_warps or _default_state_warps(bk, bv), **init,
-        )  # fmt: skip
+        with _on_stream(side, after=main):
+            kernels.vla_state_kernel[(nv, B * H)](
+                q, v, kh, ah, sc, o, s_in, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
+                t_begin, n, BK=bk, BV=bv, NORM_OUT=config.normalize_output,
+                SPLIT=min(split_sums, bk), num_warps=num_warps or _default_state_warps(bk, bv),
+                **init,
+            )  # fmt: skip
+        if side is not None:  # these die on the main stream while the side stream reads them
+            for x in (kh, ah, sc, sTt):
+                x.record_stream(side)
         s_in, a_in, z_in = sTt, aTt, z_out
+    if side is not None:
+        main.wait_stream(side)
     zT = z_in
     return o, (s_in.mT.contiguous(), a_in.mT.contiguous(), zT), ck
     return o, (sT, aT, zT), ck
@@ -317,6 +340,45 @@ def _backward_fused(
         num_warps=options["bwd_num_warps"] or (16 if bk >= 128 else 8 if bk >= 64 else 4),
     )  # fmt: skip
     return dq, dk_, dv_, du, ds0, da0, dz0
+
+
+def _nudge_branch(option: bool | None, bk: int) -> bool:
+    """The gate kernel's ``NUDGE_BRANCH``: the option, or by default BK ≤ 64 (offline SASS at
+    BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
+    return bk <= 64 if option is None else bool(option)
+
+
+#: Segments of the two-pass forward on a GPU, so that gate and state passes overlap
+#: (``overlap_passes``).
+_OVERLAP_SEGMENTS = 8
+_SIDE_STREAMS: dict[Any, Any] = {}
+
+
+def _side_stream(dev: torch.device) -> Any:
+    """One side stream per device for the overlapped state pass (created once: a stream per call
+    would leak CUDA streams)."""
+    key = dev.index if dev.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
+
+
+class _on_stream:
+    """``with torch.cuda.stream(side)`` after ``side`` waits for what ``after`` queued so far;
+    a no-op when ``side`` is None."""
+
+    def __init__(self, side: Any, *, after: Any) -> None:
+        self.side, self.after, self.ctx = side, after, None
+
+    def __enter__(self) -> None:
+        if self.side is not None:
+            self.side.wait_stream(self.after)
+            self.ctx = torch.cuda.stream(self.side)
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
 
 
 #: Floats of the two-pass backward's per-segment buffers (value-block partial sums) at most.
@@ -388,7 +450,8 @@ def _backward_two_pass(
             a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
             BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
             NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
-            PIPELINE=options["pipeline_gate"], num_warps=gate_warps,
+            PIPELINE=options["pipeline_gate"], SPLIT=min(options["split_sums"], bk),
+            NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -464,6 +527,9 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             gate_num_warps=options["gate_num_warps"],
             forward_segment=options["forward_segment"],
             pipeline_gate=options["pipeline_gate"],
+            split_sums=options["split_sums"],
+            overlap_passes=options["overlap_passes"],
+            nudge_branch=options["nudge_branch"],
         )
         if save:
             assert ck is not None
@@ -514,7 +580,10 @@ def fused_recurrent_vla(
     gate_num_warps: int | None = None,
     backward_segment: int | None = None,
     forward_segment: int | None = None,
-    pipeline_gate: bool = False,
+    pipeline_gate: bool = True,
+    split_sums: int = 4,
+    overlap_passes: bool = True,
+    nudge_branch: bool | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -554,8 +623,16 @@ def fused_recurrent_vla(
         4 GiB); the result does not depend on it.
     pipeline_gate : two-pass only: the gate kernel computes the next token's ``s = A u`` in the
         same pass over ``A`` as the current gate (:func:`kernels._gate_pipelined_t`): two
-        dependent reductions per token instead of four, the same operations.  Off by default:
-        not yet timed on a GPU.
+        dependent reductions per token instead of four, the same operations (default on).
+    split_sums : the forward's sums down the tiles' axis 0 (``A u``, ``A k̂``, ``S k̂``, ``S q``)
+        as this many interleaved partial sums (:func:`kernels._colsum`; a power of two, 1 = one
+        chain; default 4).
+    overlap_passes : two-pass forward on a GPU: cut T into 8 segments (whole checkpoint chunks;
+        ``forward_segment`` overrides) and run each segment's state pass on a side stream while
+        the gate pass goes on with the next segment (default on; the result does not change).
+    nudge_branch : pipelined gate only: add ``η I`` to the tile under a branch taken on nudge
+        steps only, instead of a select over the tile every step (default: when dk ≤ 64; at
+        BK = 128 the branch made ptxas spill).  Same result.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -587,6 +664,10 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
         )
+    if split_sums < 1 or split_sums & (split_sums - 1):
+        raise UnsupportedConfigurationError(
+            _NAME, f"split_sums must be a power of two >= 1, got {split_sums}", "split_sums"
+        )
     for name, value in (
         ("backward_segment", backward_segment),
         ("forward_segment", forward_segment),
@@ -610,6 +691,9 @@ def fused_recurrent_vla(
         "backward_segment": backward_segment,
         "forward_segment": forward_segment,
         "pipeline_gate": bool(pipeline_gate),
+        "split_sums": int(split_sums),
+        "overlap_passes": bool(overlap_passes),
+        "nudge_branch": nudge_branch,
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -625,8 +709,8 @@ class TritonFusedBackend(Backend):
     """Registry name ``triton_fused``: :func:`fused_recurrent_vla` as a spec §4 callable.
 
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
-    ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps`` (see
-    :func:`fused_recurrent_vla`).
+    ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
+    ``pipeline_gate``, ``split_sums``, ``overlap_passes`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -646,6 +730,9 @@ class TritonFusedBackend(Backend):
             "downdate": "fma",
             "schedule": "auto",
             "gate_num_warps": None,
+            "pipeline_gate": True,
+            "split_sums": 4,
+            "overlap_passes": True,
         },
     )
 
@@ -685,5 +772,8 @@ class TritonFusedBackend(Backend):
             downdate=str(self.options["downdate"]),
             schedule=str(self.options["schedule"]),
             gate_num_warps=self.options["gate_num_warps"],
+            pipeline_gate=bool(self.options["pipeline_gate"]),
+            split_sums=int(self.options["split_sums"]),
+            overlap_passes=bool(self.options["overlap_passes"]),
         )
         return o, tuple(x.to(q.dtype) for x in state)

@@ -185,6 +185,33 @@ def _sum_pair(a, b, axis: tl.constexpr):
 
 
 @triton.jit
+def _colsum(x, SPLIT: tl.constexpr):
+    """``tl.sum(x, axis=0)`` of a tile ``[BK, N]`` as ``SPLIT`` partial sums of ``BK/SPLIT`` rows
+    each, added last.  A sum down axis 0 is a thread-local chain of dependent adds (the layout
+    puts a whole column in one thread), ``BK`` adds long; ``SPLIT`` independent chains of
+    ``BK/SPLIT`` overlap in the pipeline (gate kernel on the H200, T = 4096, dk = 128: 1.69 ->
+    1.27 µs per token, ``benchmarks/results/h200/gate_anatomy.json``).  A different grouping of
+    the same sum, with a smaller error bound than one chain."""
+    if SPLIT > 1:
+        r = tl.reshape(x, [SPLIT, x.shape[0] // SPLIT, x.shape[1]])
+        return tl.sum(tl.sum(r, axis=1), axis=0)
+    else:
+        return tl.sum(x, axis=0)
+
+
+@triton.jit
+def _colsum_pair(a, b, SPLIT: tl.constexpr):
+    """``(_colsum(a), _colsum(b))`` in one reduction (see :func:`_sum_pair`)."""
+    if SPLIT > 1:
+        ra = tl.reshape(a, [SPLIT, a.shape[0] // SPLIT, a.shape[1]])
+        rb = tl.reshape(b, [SPLIT, b.shape[0] // SPLIT, b.shape[1]])
+        pa, pb = tl.reduce((ra, rb), 1, _add_pair)
+        return tl.reduce((pa, pb), 0, _add_pair)
+    else:
+        return tl.reduce((a, b), 0, _add_pair)
+
+
+@triton.jit
 def _key_t(z, k, q, norm_eps, ACC: tl.constexpr):
     """The key half of a step (spec §2.3): ``z_t = z_{t-1} + k``, ``k̂ = k / max(‖k‖, norm_eps)``
     and the read-out denominator's ``z_tᵀq``, with ``‖k‖²`` and ``z_tᵀq`` in one reduction.
@@ -212,6 +239,7 @@ def _gate_t(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    SPLIT: tl.constexpr = 1,
 ):
     """The penalty half of a step on the transposed tile ``At[j, i] = A[i, j]`` ``[BK, BK]``:
     Sherman–Morrison downdate by ``u``, the nudge, and the gate ``α̂`` from the UPDATED ``A_t``
@@ -221,9 +249,9 @@ def _gate_t(
     ``αᵀq`` share one reduction.
     """
     if BUG == 1:
-        s, Ak = _sum_pair(At * u[:, None], At * kh[:, None], 0)  # A_{t-1} u, A_{t-1} k̂
+        s, Ak = _colsum_pair(At * u[:, None], At * kh[:, None], SPLIT)  # A_{t-1} u, A_{t-1} k̂
     else:
-        s = tl.sum(At * u[:, None], axis=0)  # s_i = Σ_j A_ij u_j
+        s = _colsum(At * u[:, None], SPLIT)  # s_i = Σ_j A_ij u_j
         Ak = s  # unused
     delta_raw = 1.0 + tl.sum(u * s, axis=0)
     delta = tl.maximum(delta_raw, sm_floor)
@@ -249,7 +277,7 @@ def _gate_t(
     if BUG == 1:
         alpha = Ak
     else:
-        alpha = tl.sum(At * kh[:, None], axis=0)  # α_i = Σ_j A_t[i, j] k̂_j
+        alpha = _colsum(At * kh[:, None], SPLIT)  # α_i = Σ_j A_t[i, j] k̂_j
     aa, aq = _sum_pair(alpha * alpha, alpha * q, 0)
     anorm = _sqrt(aa, ACC)
     if NORM_GATE:
@@ -263,10 +291,10 @@ def _gate_t(
 
 
 @triton.jit
-def _state_read_t(St, kh, q):
+def _state_read_t(St, kh, q, SPLIT: tl.constexpr = 1):
     """``(S_{t-1} k̂, S_{t-1} q)`` ``[BV]`` each from ``St[j, r] = S[r, j]`` ``[BK, BV]``, in one
-    reduction."""
-    return _sum_pair(St * kh[:, None], St * q[:, None], 0)
+    reduction (``SPLIT``: :func:`_colsum`)."""
+    return _colsum_pair(St * kh[:, None], St * q[:, None], SPLIT)
 
 
 @triton.jit
@@ -312,6 +340,8 @@ def _gate_pipelined_t(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    SPLIT: tl.constexpr = 1,
+    NUDGE_BRANCH: tl.constexpr = False,
 ):
     """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
 
@@ -333,8 +363,14 @@ def _gate_pipelined_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    At = At + tl.where(eye, eta, 0.0)
-    alpha, s_next = _sum_pair(At * kh[:, None], At * u_next[:, None], 0)
+    if NUDGE_BRANCH:
+        # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
+        # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
+        if nudge:
+            At = At + tl.where(eye, nudge_eta, 0.0)
+    else:
+        At = At + tl.where(eye, eta, 0.0)
+    alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
     aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
     anorm = _sqrt(aa, ACC)
     if NORM_GATE:
@@ -368,6 +404,7 @@ def _vla_step_t(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    SPLIT: tl.constexpr = 1,
 ):
     """The step of :func:`_vla_step` on transposed tiles, for the fused forward kernel.
 
@@ -385,7 +422,7 @@ def _vla_step_t(
     ``(At, St, z, o)``.
     """
     z, kh, zq, _knorm = _key_t(z, k, q, norm_eps, ACC)
-    Sk, Sq = _state_read_t(St, kh, q)
+    Sk, Sq = _state_read_t(St, kh, q, SPLIT)
     At, ah, ahq, _s, _dr, _d, _an = _gate_t(
         At,
         kh,
@@ -401,6 +438,7 @@ def _vla_step_t(
         ACC,
         BUG,
         DOWNDATE,
+        SPLIT,
     )
     St, o = _state_write_t(St, Sk, Sq, ah, ahq, zq, v, out_eps, NORM_OUT, ACC)
     return At, St, z, o
@@ -451,6 +489,7 @@ def vla_fwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr = 0,
+    SPLIT: tl.constexpr = 1,
 ):
     """Forward of spec §2.3 over all T tokens for one (b, h) and value block.
 
@@ -535,6 +574,7 @@ def vla_fwd_kernel(
             ACC,
             BUG,
             DOWNDATE,
+            SPLIT,
         )
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
@@ -577,6 +617,8 @@ def vla_gate_kernel(
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
     PIPELINE: tl.constexpr = False,
+    SPLIT: tl.constexpr = 1,
+    NUDGE_BRANCH: tl.constexpr = False,
 ):
     """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
     over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -621,8 +663,12 @@ def vla_gate_kernel(
     k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     if PIPELINE:  # s = A u and 1 + uᵀs of the first token, ahead of the loop
-        s_n = tl.sum(A * u_n[:, None], axis=0)
+        s_n = _colsum(A * u_n[:, None], SPLIT)
         dr_n = 1.0 + tl.sum(u_n * s_n, axis=0)
+        # u is used one token ahead, so it is loaded two ahead (a load issued in the iteration
+        # that uses it left its latency on the critical path: gate_anatomy.json)
+        nk = base_k + tl.minimum(t_begin + 1, t_last) * stride_k
+        u_nn = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     for i in range(n_steps):
         t = t_begin + i
         q_t = q_n
@@ -631,7 +677,12 @@ def vla_gate_kernel(
         nk = base_k + tl.minimum(t + 1, t_last) * stride_k
         q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
         k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-        u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        if PIPELINE:
+            u_n = u_nn
+            nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
+            u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+        else:
+            u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
         if SAVE_CKPT:
             if t % CK == 0:
                 c = (i_bh * (NC + 1) + t // CK).to(tl.int64)
@@ -641,12 +692,12 @@ def vla_gate_kernel(
         if PIPELINE:
             A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n = _gate_pipelined_t(
                 A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
-                norm_eps, NORM_GATE, ACC, BUG, DOWNDATE,
+                norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
             )  # fmt: skip
         else:
             A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
                 A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
-                NORM_GATE, ACC, BUG, DOWNDATE,
+                NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
             )  # fmt: skip
         tl.store(kh_row + i * BK + ok, kh)
         tl.store(ah_row + i * BK + ok, ah)
@@ -693,6 +744,7 @@ def vla_state_kernel(
     SAVE_CKPT: tl.constexpr,
     NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
+    SPLIT: tl.constexpr = 1,
 ):
     """Pass 2 of the two-pass forward: the state half of spec §2.3 for one (b, h) and block of
     ``BV`` value rows over tokens ``t_begin ≤ t < t_begin + n_steps``, from the ``k̂, α̂, α̂ᵀq,
@@ -750,7 +802,7 @@ def vla_state_kernel(
             if t % CK == 0:
                 c = (i_bh * NC + t // CK).to(tl.int64)
                 tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
-        Sk, Sq = _state_read_t(S, kh, q_t)
+        Sk, Sq = _state_read_t(S, kh, q_t, SPLIT)
         S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
