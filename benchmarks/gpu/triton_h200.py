@@ -172,8 +172,11 @@ def check_gradients(smoke: bool, device: str) -> dict:
 
 
 def check_overlap(smoke: bool, device: str) -> dict:
-    """The overlapped two-pass forward (state pass on a side stream, 8 segments) gives the same
-    bits as the one-stream forward, at D = 64 and 128 (the CPU interpreter has no streams)."""
+    """The overlapped two-pass forward (state pass on a side stream) gives the same bits as the
+    one-stream forward in the same segments, at D = 64 and 128 (the CPU interpreter has no
+    streams).  Also recorded, not gated: how far the segmented forward is from the unsegmented
+    one (on the GPU the pipelined gate's first step of a segment is compiled apart from the loop's,
+    so it may round differently; both are inside the spec §4 budget, ``check_validate``)."""
     import torch
 
     from vla_verify.backends import triton_fused as tf
@@ -181,20 +184,28 @@ def check_overlap(smoke: bool, device: str) -> dict:
     out = {}
     for D in (16,) if smoke else (64, 128):
         B, T, H = (1, 64, 2) if smoke else (2, 4096, 16)
+        seg = 16 if smoke else 512
         g = torch.Generator(device=device).manual_seed(1)
         q, k, v = (torch.randn(B, T, H, D, device=device, generator=g) for _ in range(3))
         u = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=device, generator=g))
         xs = [x.bfloat16() for x in (q.abs(), k.abs(), v, u / D**0.5)]
-        runs = [
-            tf.fused_recurrent_vla(*xs, schedule="two_pass", overlap_passes=flag)
-            for flag in (False, True)
-        ]
-        same = all(
-            torch.equal(a, b)
-            for a, b in zip((runs[0][0], *runs[0][1]), (runs[1][0], *runs[1][1]), strict=True)
-        )
-        out[f"overlap_same_bits_D{D}"] = {"passed": same, "T": T, "B": B}
-        log(f"[check] overlapped two-pass forward gives the same bits at D={D}: {same}")
+
+        def run(xs=xs, **kw):
+            o, st = tf.fused_recurrent_vla(*xs, schedule="two_pass", checkpoint_every=16, **kw)
+            return [o.float(), *st]
+
+        one_stream = run(overlap_passes=False, forward_segment=seg)
+        overlapped = run(overlap_passes=True, forward_segment=seg)
+        whole = run(overlap_passes=False)
+        same = all(torch.equal(a, b) for a, b in zip(one_stream, overlapped, strict=True))
+        pairs = zip(whole, one_stream, strict=True)
+        rel = [float((a - b).abs().max() / b.abs().max()) for a, b in pairs]
+        out[f"overlap_same_bits_D{D}"] = {
+            "passed": same, "T": T, "B": B, "segment": seg,
+            "segmented_vs_whole_max_rel_diff_o_S_A_z": rel,
+        }  # fmt: skip
+        log(f"[check] overlapped two-pass forward = one-stream forward, same segments, D={D}: "
+            f"{same}; segmented vs whole, max rel. diff o/S/A/z: {rel}")  # fmt: skip
     return out
 
 
@@ -301,9 +312,14 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # Session 4: the two-pass defaults are pipeline_gate, split_sums=4 and overlap_passes; each
     # is switched off once beside them, and split_sums 8 tried (gate_anatomy.json motivated them).
     def two_variants(base, D):
-        return [base, {**base, "overlap_passes": False}, {**base, "pipeline_gate": False},
-                {**base, "split_sums": 1}, {**base, "split_sums": 8},
-                {**base, "nudge_branch": D > 64}]  # the default is a branch for D <= 64
+        return [
+            base,
+            {**base, "overlap_passes": False},
+            {**base, "pipeline_gate": False},
+            {**base, "split_sums": 1},
+            {**base, "split_sums": 8},
+            {**base, "nudge_branch": D > 64},
+        ]  # the default is a branch for D <= 64
 
     space = {
         64: [fused(2), {**fused(2), "split_sums": 1}, *two_variants(two(2), 64),
