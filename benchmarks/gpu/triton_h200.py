@@ -433,7 +433,8 @@ def main() -> int:
         return 1
     if previous is not None:
         result["tuning"] = previous["tuning"]
-        best = {int(D): o for D, o in previous["tuning"]["chosen"].items()}
+        chosen = previous["tuning"]["chosen"]
+        best = {int(D): o for D, o in chosen.items()} if isinstance(chosen, dict) else {}
     elif args.no_sweep:
         best = {}
         result["tuning"] = {"chosen": "the backend's defaults (no sweep in this run)"}

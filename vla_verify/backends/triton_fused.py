@@ -152,13 +152,14 @@ SCHEDULES: tuple[str, ...] = ("auto", "fused", "two_pass")
 
 
 def _two_pass(schedule: str, dk: int, training: bool) -> bool:
-    """Whether ``schedule`` runs the two-pass kernels.  ``auto`` takes them for dk > 64, where
-    the fused program's ``A`` and ``S`` tiles compete for registers, and whenever gradients are
-    needed: on the H200 at T = 2048 (``benchmarks/results/h200/two_pass_sweep.json``) the fused
-    forward is faster at dk = 64 (6.4 against 9.1 ms at T = 4096) but forward + backward is
-    faster two-pass (15.8 against 19.9 ms), and the two backwards need their own forward's
-    checkpoints."""
-    return schedule == "two_pass" or (schedule == "auto" and (dk > 64 or training))
+    """Whether ``schedule`` runs the two-pass kernels: ``auto`` always does.  Session 3 kept the
+    fused forward for dk ≤ 64 (6.4 against 9.1 ms at T = 4096 on the H200); with the pipelined,
+    split-sum gate the two-pass forward is faster there too (5.5-5.7 against 6.3 ms,
+    ``benchmarks/results/h200/two_pass_sweeps/run5_c26525f.json``), and forward + backward was
+    already faster two-pass (15.8 against 19.9 ms at T = 2048).  ``dk`` and ``training`` stay
+    for the record of that choice."""
+    del dk, training
+    return schedule in ("two_pass", "auto")
 
 
 def _check_run(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -240,8 +241,7 @@ def _forward(
             q, k, v, u, o, s0, a0, z0, sT, aT, zT, cks, cka, ckz, params,
             T, H, dk, dv, config.nudge_period or _NEVER, checkpoint_every, nc,
             BK=bk, BV=bv, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
-            BUG=bug, DOWNDATE=downdate, SPLIT=min(split_sums, bk),
-            num_warps=num_warps or _default_warps(bk, bv), **flags,
+            BUG=bug, DOWNDATE=downdate, num_warps=num_warps or _default_warps(bk, bv), **flags,
         )  # fmt: skip
         return o, (sT, aT, zT), ck
     # Two passes (spec §2.3 split at the gate): per token k̂, α̂ [BK] and (α̂ᵀq, z_tᵀq) go
@@ -279,15 +279,15 @@ def _forward(
             T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
             PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            SPLIT=min(split_sums, bk), NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
+            SPLIT=_gate_split(split_sums, bk, init["HAS_INIT"]),
+            NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
             num_warps=gate_num_warps or _default_gate_warps(bk), **init,
         )  # fmt: skip
         with _on_stream(side, after=main):
             kernels.vla_state_kernel[(nv, B * H)](
                 q, v, kh, ah, sc, o, s_in, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
                 t_begin, n, BK=bk, BV=bv, NORM_OUT=config.normalize_output,
-                SPLIT=min(split_sums, bk), num_warps=num_warps or _default_state_warps(bk, bv),
-                **init,
+                num_warps=num_warps or _default_state_warps(bk, bv), **init,
             )  # fmt: skip
         if side is not None:  # these die on the main stream while the side stream reads them
             for x in (kh, ah, sc, sTt):
@@ -340,6 +340,17 @@ def _backward_fused(
         num_warps=options["bwd_num_warps"] or (16 if bk >= 128 else 8 if bk >= 64 else 4),
     )  # fmt: skip
     return dq, dk_, dv_, du, ds0, da0, dz0
+
+
+def _gate_split(split_sums: int, bk: int, has_init: bool) -> int:
+    """The gate kernel's ``SPLIT``: ``split_sums`` (at most BK), but 1 when the kernel starts from
+    a loaded ``A`` (a given initial state, a later forward segment, the backward's rerun).  On
+    the H200 (Triton 3.6) the split loop compiled after a tile *load* ran 20-50x slower than
+    after an in-register ``A_0 = I/lambda0`` (gate kernel at T = 4096, dk = 64: 70.8 against
+    3.6 ms; ``two_pass_sweeps/run5_c26525f.json``), while the one-chain loop did not care
+    (4.8 ms).  The state and fused kernels keep one chain: split sums made them slower there
+    (state pass at dk = 128 3.3 against 2.5 ms, fused forward at dk = 64 7.4 against 6.3)."""
+    return 1 if has_init else min(split_sums, bk)
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
@@ -450,7 +461,7 @@ def _backward_two_pass(
             a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
             BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
             NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
-            PIPELINE=options["pipeline_gate"], SPLIT=min(options["split_sums"], bk),
+            PIPELINE=options["pipeline_gate"], SPLIT=_gate_split(options["split_sums"], bk, True),
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -624,9 +635,10 @@ def fused_recurrent_vla(
     pipeline_gate : two-pass only: the gate kernel computes the next token's ``s = A u`` in the
         same pass over ``A`` as the current gate (:func:`kernels._gate_pipelined_t`): two
         dependent reductions per token instead of four, the same operations (default on).
-    split_sums : the forward's sums down the tiles' axis 0 (``A u``, ``A k̂``, ``S k̂``, ``S q``)
-        as this many interleaved partial sums (:func:`kernels._colsum`; a power of two, 1 = one
-        chain; default 4).
+    split_sums : the gate kernel's sums down the tile's axis 0 (``A u``, ``A k̂``) as this many
+        interleaved partial sums (:func:`kernels._colsum`; a power of two, 1 = one chain;
+        default 4).  Only where the gate kernel starts from ``A_0 = I/lambda0`` (see
+        :func:`_gate_split` for why).
     overlap_passes : two-pass forward on a GPU: cut T into 8 segments (whole checkpoint chunks;
         ``forward_segment`` overrides) and run each segment's state pass on a side stream while
         the gate pass goes on with the next segment (default on; the result does not change).
