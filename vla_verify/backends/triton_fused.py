@@ -279,7 +279,7 @@ def _forward(
             T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
             PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            SPLIT=_gate_split(split_sums, bk, init["HAS_INIT"]),
+            SPLIT=_gate_split(split_sums, bk, init["HAS_INIT"] or save_checkpoints),
             NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
             num_warps=gate_num_warps or _default_gate_warps(bk), **init,
         )  # fmt: skip
@@ -342,15 +342,17 @@ def _backward_fused(
     return dq, dk_, dv_, du, ds0, da0, dz0
 
 
-def _gate_split(split_sums: int, bk: int, has_init: bool) -> int:
-    """The gate kernel's ``SPLIT``: ``split_sums`` (at most BK), but 1 when the kernel starts from
-    a loaded ``A`` (a given initial state, a later forward segment, the backward's rerun).  On
-    the H200 (Triton 3.6) the split loop compiled after a tile *load* ran 20-50x slower than
-    after an in-register ``A_0 = I/lambda0`` (gate kernel at T = 4096, dk = 64: 70.8 against
-    3.6 ms; ``two_pass_sweeps/run5_c26525f.json``), while the one-chain loop did not care
-    (4.8 ms).  The state and fused kernels keep one chain: split sums made them slower there
+def _gate_split(split_sums: int, bk: int, tile_io: bool) -> int:
+    """The gate kernel's ``SPLIT``: ``split_sums`` (at most BK), but 1 when the kernel loads or
+    stores the ``A`` tile (a given initial state, a later forward segment, the backward's rerun,
+    checkpoints).  On the H200 (Triton 3.6) the split loop compiled beside a tile load ran 20-50x
+    slower than with an in-register ``A_0 = I/lambda0`` (gate kernel at T = 4096, dk = 64: 70.8
+    against 3.6 ms; ``two_pass_sweeps/run5_c26525f.json``), and beside the checkpoint stores
+    (forward + backward at T = 1024, dk = 64, one segment: 18.1 against 8.7 ms with segments,
+    ``two_pass_sweeps/run6_83aef0f_options.json``), while the one-chain loop did not care.
+    The state and fused kernels keep one chain: split sums made them slower there
     (state pass at dk = 128 3.3 against 2.5 ms, fused forward at dk = 64 7.4 against 6.3)."""
-    return 1 if has_init else min(split_sums, bk)
+    return 1 if tile_io else min(split_sums, bk)
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
