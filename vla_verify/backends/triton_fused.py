@@ -626,8 +626,8 @@ def fused_recurrent_vla(
         redone per value block; backward: one program per (b, h)), ``"two_pass"`` (a gate
         kernel per (b, h) holding only ``A`` writes ``k̂, α̂`` and two scalars per token; a state
         kernel per value block reads them: same operations, same rounding; backward: three
-        kernels, value-split) or ``"auto"``: two-pass for dk > 64 or when gradients are needed,
-        fused otherwise (the measurements behind it: :func:`_two_pass`).
+        kernels, value-split) or ``"auto"``: two-pass (faster at every dk since session 4; the
+        measurements behind it: :func:`_two_pass`).
     gate_num_warps : warps of the two-pass gate kernel (default 2, or 4 when dk = 128).
     backward_segment : two-pass backward only: tokens per segment, rounded down to a multiple
         of ``checkpoint_every`` (default: as long as keeps its partial sums under 256 MiB).

@@ -25,6 +25,11 @@ their latency, not arithmetic (``benchmarks/NOTES_triton.md``).  Four choices sh
   oracle's error bound without a correctly rounded division per entry;
 - the next token's ``q, k, v, u`` are loaded one iteration ahead (software prefetch).
 
+The two-pass gate kernel adds (session 4, ``benchmarks/NOTES_triton.md``, "Fourth design"): the
+pipelined step (:func:`_gate_pipelined_t`, ``u`` loaded two tokens ahead), axis-0 sums as
+interleaved partial sums (:func:`_colsum`, only where the kernel neither loads nor stores the
+``A`` tile: see ``_gate_split`` in the wrapper) and the nudge under a branch at BK <= 64.
+
 The gate is still formed from the UPDATED ``A_t`` by a second pass (spec §2.3): the one-pass
 shortcut ``A_{t-1}k̂ − s(sᵀk̂)/δ`` cancels at the scale of ``|A_{t-1}k̂|`` and failed the spec §4
 budget on an ill-conditioned downdate.  :func:`_vla_step` is the same step on untransposed
