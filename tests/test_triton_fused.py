@@ -240,6 +240,7 @@ FORWARD_REGROUPINGS = {
     "split8_select_nudge": {"split_sums": 8, "nudge_branch": False},
     "branch_nudge": {"nudge_branch": True},
     "split2": {"split_sums": 2},
+    "split_after_load": {"split_after_load": True, "forward_segment": 4},
 }
 
 
@@ -342,7 +343,9 @@ TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
-@pytest.mark.parametrize("schedule", ["fused", "two_pass", "two_pass_pipelined_gate"])
+@pytest.mark.parametrize(
+    "schedule", ["fused", "two_pass", "two_pass_pipelined_gate", "two_pass_split_after_load"]
+)
 def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
     """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks (and,
     two-pass, several backward segments)."""
@@ -350,6 +353,7 @@ def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> No
         "fused": {"schedule": "fused"},
         "two_pass": TWO_PASS,
         "two_pass_pipelined_gate": {**TWO_PASS, "pipeline_gate": True},
+        "two_pass_split_after_load": {**TWO_PASS, "split_after_load": True},
     }[schedule]
     # Seed 5: per slice, the float32 du ratio (kernel error / 2x the torch float32 error on the
     # same example) has a tail at seeds 3-5 of paper_nudge4 — fused 0.65 / 1.24 / 0.51, two-pass

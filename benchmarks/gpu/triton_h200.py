@@ -318,12 +318,12 @@ def sweep(smoke: bool) -> tuple[dict, list]:
             {**base, "pipeline_gate": False},
             {**base, "split_sums": 1},
             {**base, "split_sums": 8},
-            {**base, "nudge_branch": D > 64},
-        ]  # the default is a branch for D <= 64
+            {**base, "nudge_branch": D > 64},  # the default is a branch for D <= 64
+            {**base, "split_after_load": True},  # prepared offline in session 4
+        ]
 
     space = {
-        64: [fused(2), {**fused(2), "split_sums": 1}, *two_variants(two(2), 64),
-             fused(None, None, "exact")],
+        64: [fused(2), *two_variants(two(2), 64), fused(None, None, "exact")],
         128: two_variants(two(4, nw=4), 128),
     }  # fmt: skip
     if smoke:
@@ -349,11 +349,11 @@ def sweep(smoke: bool) -> tuple[dict, list]:
     # two-pass one (after the two-pass forward) with its gate-backward warps; the fastest joins
     # the chosen options when its forward is the chosen one.
     bwd_space = {
-        64: [fused(2), two(2), {**two(2), "bwd_num_warps": 2}],
+        64: [two(2), {**two(2), "bwd_num_warps": 2}, {**two(2), "split_after_load": True}],
         128: [
             two(4, nw=4),
             {**two(4, nw=4), "bwd_num_warps": 4},
-            {**two(4, nw=4), "bwd_num_warps": 16},
+            {**two(4, nw=4), "split_after_load": True},
         ],
     }
     if smoke:

@@ -205,6 +205,7 @@ def _forward(
     split_sums: int = 1,
     overlap_passes: bool = False,
     nudge_branch: bool | None = None,
+    split_after_load: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -276,10 +277,13 @@ def _forward(
         init = {**flags, "HAS_INIT": state0 is not None or t_begin > 0}
         kernels.vla_gate_kernel[(B * H,)](
             q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
-            T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
+            T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n, dk,
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
             PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            SPLIT=_gate_split(split_sums, bk, init["HAS_INIT"] or save_checkpoints),
+            SPLIT=_gate_split(
+                split_sums, bk, (init["HAS_INIT"] and not split_after_load) or save_checkpoints
+            ),
+            LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
             num_warps=gate_num_warps or _default_gate_warps(bk), **init,
         )  # fmt: skip
@@ -460,10 +464,12 @@ def _backward_two_pass(
         cs = torch.empty(BH, n, 4, dtype=acc, device=dev)
         kernels.vla_gate_kernel[(BH,)](
             q, k, u, kh, ah, sc, sv, cs, cka[:, :, c].contiguous(), ckz[:, :, c].contiguous(),
-            a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n,
+            a_end, z_end, cka, ckz, params, T, H, dk, nudge, every, nc, t_begin, n, dk,
             BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
             NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
-            PIPELINE=options["pipeline_gate"], SPLIT=_gate_split(options["split_sums"], bk, True),
+            PIPELINE=options["pipeline_gate"],
+            SPLIT=_gate_split(options["split_sums"], bk, not options["split_after_load"]),
+            LOAD_PLAIN=options["split_after_load"],
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -543,6 +549,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             split_sums=options["split_sums"],
             overlap_passes=options["overlap_passes"],
             nudge_branch=options["nudge_branch"],
+            split_after_load=options["split_after_load"],
         )
         if save:
             assert ck is not None
@@ -597,6 +604,7 @@ def fused_recurrent_vla(
     split_sums: int = 4,
     overlap_passes: bool = True,
     nudge_branch: bool | None = None,
+    split_after_load: bool = False,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -647,6 +655,11 @@ def fused_recurrent_vla(
     nudge_branch : pipelined gate only: add ``η I`` to the tile under a branch taken on nudge
         steps only, instead of a select over the tile every step (default: when dk ≤ 64; at
         BK = 128 the branch made ptxas spill).  Same result.
+    split_after_load : also split the sums of gate kernels that load ``A`` (later forward
+        segments, a given initial state, the backward's rerun), loading the tile without vector
+        accesses (``LOAD_PLAIN``): in the offline Triton 3.6 SASS that keeps the split loop's
+        layout and registers at dk = 64.  Off by default: not yet timed on a GPU
+        (``benchmarks/NOTES_triton.md``, "Fourth design").
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -708,6 +721,7 @@ def fused_recurrent_vla(
         "split_sums": int(split_sums),
         "overlap_passes": bool(overlap_passes),
         "nudge_branch": nudge_branch,
+        "split_after_load": bool(split_after_load),
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
