@@ -281,7 +281,7 @@ def _forward(
             BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
             PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             SPLIT=_gate_split(
-                split_sums, bk, (init["HAS_INIT"] and not split_after_load) or save_checkpoints
+                split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
             ),
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
@@ -655,11 +655,11 @@ def fused_recurrent_vla(
     nudge_branch : pipelined gate only: add ``η I`` to the tile under a branch taken on nudge
         steps only, instead of a select over the tile every step (default: when dk ≤ 64; at
         BK = 128 the branch made ptxas spill).  Same result.
-    split_after_load : also split the sums of gate kernels that load ``A`` (later forward
-        segments, a given initial state, the backward's rerun), loading the tile without vector
-        accesses (``LOAD_PLAIN``): in the offline Triton 3.6 SASS that keeps the split loop's
-        layout and registers at dk = 64.  Off by default: not yet timed on a GPU
-        (``benchmarks/NOTES_triton.md``, "Fourth design").
+    split_after_load : also split the sums of gate kernels that load or store ``A`` (later
+        forward segments, a given initial state, the backward's rerun, checkpoints), which then
+        access the tile without vector loads and stores (``LOAD_PLAIN``): in the offline Triton
+        3.6 SASS that keeps the split loop's layout and registers at dk = 64.  Off by default:
+        not yet timed on a GPU (``benchmarks/NOTES_triton.md``, "Fourth design").
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
