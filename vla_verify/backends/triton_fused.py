@@ -151,14 +151,12 @@ def _default_state_warps(bk: int, bv: int) -> int:
 SCHEDULES: tuple[str, ...] = ("auto", "fused", "two_pass")
 
 
-def _two_pass(schedule: str, dk: int, training: bool) -> bool:
+def _two_pass(schedule: str) -> bool:
     """Whether ``schedule`` runs the two-pass kernels: ``auto`` always does.  Session 3 kept the
     fused forward for dk ≤ 64 (6.4 against 9.1 ms at T = 4096 on the H200); with the pipelined,
     split-sum gate the two-pass forward is faster there too (5.5-5.7 against 6.3 ms,
     ``benchmarks/results/h200/two_pass_sweeps/run5_c26525f.json``), and forward + backward was
-    already faster two-pass (15.8 against 19.9 ms at T = 2048).  ``dk`` and ``training`` stay
-    for the record of that choice."""
-    del dk, training
+    already faster two-pass (15.8 against 19.9 ms at T = 2048)."""
     return schedule in ("two_pass", "auto")
 
 
@@ -212,7 +210,7 @@ def _forward(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     bk = _pow2(dk)
-    two_pass = _two_pass(schedule, dk, save_checkpoints)
+    two_pass = _two_pass(schedule)
     bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
@@ -527,7 +525,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         state0 = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[:7])
-        two_pass = _two_pass(options["schedule"], q.shape[-1], save)
+        two_pass = _two_pass(options["schedule"])
         options = {**options, "schedule": "two_pass" if two_pass else "fused"}  # resolved
         o, (sT, aT, zT), ck = _forward(
             q,

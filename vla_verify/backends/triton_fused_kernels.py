@@ -296,10 +296,10 @@ def _gate_t(
 
 
 @triton.jit
-def _state_read_t(St, kh, q, SPLIT: tl.constexpr = 1):
+def _state_read_t(St, kh, q):
     """``(S_{t-1} k̂, S_{t-1} q)`` ``[BV]`` each from ``St[j, r] = S[r, j]`` ``[BK, BV]``, in one
-    reduction (``SPLIT``: :func:`_colsum`)."""
-    return _colsum_pair(St * kh[:, None], St * q[:, None], SPLIT)
+    reduction (one chain: split sums made the state and fused kernels slower on the H200)."""
+    return _sum_pair(St * kh[:, None], St * q[:, None], 0)
 
 
 @triton.jit
@@ -409,7 +409,6 @@ def _vla_step_t(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
-    SPLIT: tl.constexpr = 1,
 ):
     """The step of :func:`_vla_step` on transposed tiles, for the fused forward kernel.
 
@@ -427,7 +426,7 @@ def _vla_step_t(
     ``(At, St, z, o)``.
     """
     z, kh, zq, _knorm = _key_t(z, k, q, norm_eps, ACC)
-    Sk, Sq = _state_read_t(St, kh, q, SPLIT)
+    Sk, Sq = _state_read_t(St, kh, q)
     At, ah, ahq, _s, _dr, _d, _an = _gate_t(
         At,
         kh,
@@ -443,7 +442,6 @@ def _vla_step_t(
         ACC,
         BUG,
         DOWNDATE,
-        SPLIT,
     )
     St, o = _state_write_t(St, Sk, Sq, ah, ahq, zq, v, out_eps, NORM_OUT, ACC)
     return At, St, z, o
@@ -494,7 +492,6 @@ def vla_fwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr = 0,
-    SPLIT: tl.constexpr = 1,
 ):
     """Forward of spec §2.3 over all T tokens for one (b, h) and value block.
 
@@ -579,7 +576,6 @@ def vla_fwd_kernel(
             ACC,
             BUG,
             DOWNDATE,
-            SPLIT,
         )
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
@@ -760,7 +756,6 @@ def vla_state_kernel(
     SAVE_CKPT: tl.constexpr,
     NORM_OUT: tl.constexpr,
     ACC: tl.constexpr,
-    SPLIT: tl.constexpr = 1,
 ):
     """Pass 2 of the two-pass forward: the state half of spec §2.3 for one (b, h) and block of
     ``BV`` value rows over tokens ``t_begin ≤ t < t_begin + n_steps``, from the ``k̂, α̂, α̂ᵀq,
@@ -818,7 +813,7 @@ def vla_state_kernel(
             if t % CK == 0:
                 c = (i_bh * NC + t // CK).to(tl.int64)
                 tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
-        Sk, Sq = _state_read_t(S, kh, q_t, SPLIT)
+        Sk, Sq = _state_read_t(S, kh, q_t)
         S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
         tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
