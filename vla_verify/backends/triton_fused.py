@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ..errors import DeviceError, DTypeError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs
+from . import triton_chunk_gate_kernels as chunk_kernels
 from . import triton_fused_kernels as kernels
 from .registry import Backend, Capabilities
 
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "PLANTED_BUGS",
     "SCHEDULES",
+    "GATES",
     "FusedRecurrentVLAFunction",
     "TritonFusedBackend",
     "availability_reason",
@@ -140,6 +142,22 @@ def _default_gate_warps(bk: int) -> int:
     return max(2, bk * bk // 4096)
 
 
+#: Row block of the chunked gate kernel's A scratch when dk > 64: a [32, 128] float64 block of
+#: A beside the chunk's [C, 128] float64 tiles stays within a program's registers.
+_CHUNK_GATE_ROWS = 32
+
+
+def _default_gate_chunk(bk: int) -> int:
+    """Tokens per chunk of the chunked gate kernel (a power of two >= 16): 32 while its
+    float64 ``[C, BK]`` tiles are small (dk <= 64), 16 at dk = 128."""
+    return 32 if bk <= 64 else 16
+
+
+def _default_chunk_gate_warps(bk: int) -> int:
+    """Warps of the chunked gate kernel: 4, or 8 when dk = 128."""
+    return 4 if bk <= 64 else 8
+
+
 def _default_state_warps(bk: int, bv: int) -> int:
     """Warps of the two-pass state kernel (``Sᵀ`` ``[BK, BV]``, 16 entries per thread, at most 4
     warps): at BK = 128, BV = 16, 4 warps measured 1.95 ms against 2.25 ms with 2 at T = 4096
@@ -149,6 +167,8 @@ def _default_state_warps(bk: int, bv: int) -> int:
 
 #: Forward schedules (option ``schedule``; :func:`fused_recurrent_vla`).
 SCHEDULES: tuple[str, ...] = ("auto", "fused", "two_pass")
+#: The two-pass forward's gate pass (option ``gate`` of :func:`fused_recurrent_vla`).
+GATES: tuple[str, ...] = ("recurrent", "chunked")
 
 
 def _two_pass(schedule: str) -> bool:
@@ -204,13 +224,19 @@ def _forward(
     overlap_passes: bool = False,
     nudge_branch: bool | None = None,
     split_after_load: bool = False,
+    gate: str = "recurrent",
+    gate_chunk: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
-    bk = _pow2(dk)
     two_pass = _two_pass(schedule)
+    # float64 inputs keep the recurrent gate: the chunked chain is float64 too, and its
+    # Woodbury rounding u·‖A_0‖ is not within the float64 recurrence's u·‖A_{t-1}‖ budget
+    chunked_gate = two_pass and gate == "chunked" and q.dtype != torch.float64
+    # tl.dot needs every dimension >= 16: the chunked gate pads dk to 16 (the state pass follows)
+    bk = max(16, _pow2(dk)) if chunked_gate else _pow2(dk)
     bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
@@ -258,6 +284,12 @@ def _forward(
     if overlap and forward_segment is None:
         seg = min(seg, triton.cdiv(T, _OVERLAP_SEGMENTS))
     seg = T if seg >= T else max(checkpoint_every, seg // checkpoint_every * checkpoint_every)
+    if chunked_gate:
+        chunk = gate_chunk or _default_gate_chunk(bk)
+        bkb = bk if bk <= 64 else _CHUNK_GATE_ROWS
+        # float64 scratch for A (two buffers) and, when A is processed in row blocks, for W
+        a_scr = torch.empty(B * H, 2, bk, bk, dtype=torch.float64, device=dev)
+        w_scr = torch.empty(B * H, chunk, bk, dtype=torch.float64, device=dev) if bkb < bk else a_scr
     main = side = None
     if overlap and seg < T:
         main = torch.cuda.current_stream(dev)
@@ -273,18 +305,27 @@ def _forward(
         ah = torch.empty(B * H, n, bk, dtype=acc, device=dev)
         sc = torch.empty(B * H, n, 2, dtype=acc, device=dev)
         init = {**flags, "HAS_INIT": state0 is not None or t_begin > 0}
-        kernels.vla_gate_kernel[(B * H,)](
-            q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
-            T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n, dk,
-            BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
-            PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            SPLIT=_gate_split(
-                split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
-            ),
-            LOAD_PLAIN=split_after_load,
-            NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
-            num_warps=gate_num_warps or _default_gate_warps(bk), **init,
-        )  # fmt: skip
+        if chunked_gate:
+            chunk_kernels.vla_gate_chunk_kernel[(B * H,)](
+                q, k, u, kh, ah, sc, a_in, z_in, aTt, z_out, cka, ckz, a_scr, w_scr, params,
+                T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n,
+                BK=bk, C=chunk, LOG2C=chunk.bit_length() - 1, BKB=bkb,
+                NORM_GATE=config.normalize_gate, BUG=bug,
+                num_warps=gate_num_warps or _default_chunk_gate_warps(bk), **init,
+            )  # fmt: skip
+        else:
+            kernels.vla_gate_kernel[(B * H,)](
+                q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
+                T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n, dk,
+                BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+                PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
+                SPLIT=_gate_split(
+                    split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
+                ),
+                LOAD_PLAIN=split_after_load,
+                NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
+                num_warps=gate_num_warps or _default_gate_warps(bk), **init,
+            )  # fmt: skip
         with _on_stream(side, after=main):
             kernels.vla_state_kernel[(nv, B * H)](
                 q, v, kh, ah, sc, o, s_in, sTt, cks, params, T, H, dk, dv, checkpoint_every, nc,
@@ -548,6 +589,8 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             overlap_passes=options["overlap_passes"],
             nudge_branch=options["nudge_branch"],
             split_after_load=options["split_after_load"],
+            gate=options["gate"],
+            gate_chunk=options["gate_chunk"],
         )
         if save:
             assert ck is not None
@@ -603,6 +646,8 @@ def fused_recurrent_vla(
     overlap_passes: bool = True,
     nudge_branch: bool | None = None,
     split_after_load: bool = False,
+    gate: str = "recurrent",
+    gate_chunk: int | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -658,6 +703,16 @@ def fused_recurrent_vla(
         access the tile without vector loads and stores (``LOAD_PLAIN``): in the offline Triton
         3.6 SASS that keeps the split loop's layout and registers at dk = 64.  Off by default:
         not yet timed on a GPU (``benchmarks/NOTES_triton.md``, "Fourth design").
+    gate : two-pass forward only: how the gate pass runs the penalty chain.  ``"recurrent"``
+        (default) steps through the tokens (:func:`kernels.vla_gate_kernel`); ``"chunked"``
+        takes ``gate_chunk`` tokens at a time in the Woodbury/LDLᵀ form of spec §5 in float64
+        (:mod:`.triton_chunk_gate_kernels`): per chunk matrix products and one ``C``-step
+        recursion on a ``C × C`` tile instead of a chain of reductions over ``A`` per token.
+        The backward reruns the recurrent gate from the checkpoints either way; float64 inputs
+        always take the recurrent gate (a float64 Woodbury chain is not within the float64
+        recurrence's error budget).
+    gate_chunk : tokens per chunk of the chunked gate (16, 32 or 64; default 32, or 16 when
+        dk > 64).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -703,6 +758,14 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"schedule must be one of {SCHEDULES}, got {schedule!r}", "schedule"
         )
+    if gate not in GATES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"gate must be one of {GATES}, got {gate!r}", "gate"
+        )
+    if gate_chunk is not None and gate_chunk not in (16, 32, 64):
+        raise UnsupportedConfigurationError(
+            _NAME, f"gate_chunk must be 16, 32 or 64, got {gate_chunk}", "gate_chunk"
+        )
     bug = 0 if planted_bug is None else PLANTED_BUGS[planted_bug]
     options = {
         # float64 is the reference-grade path: it keeps the oracle's order of operations (the
@@ -720,6 +783,8 @@ def fused_recurrent_vla(
         "overlap_passes": bool(overlap_passes),
         "nudge_branch": nudge_branch,
         "split_after_load": bool(split_after_load),
+        "gate": gate,
+        "gate_chunk": gate_chunk,
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -759,6 +824,8 @@ class TritonFusedBackend(Backend):
             "pipeline_gate": True,
             "split_sums": 4,
             "overlap_passes": True,
+            "gate": "recurrent",
+            "gate_chunk": None,
         },
     )
 
@@ -801,5 +868,7 @@ class TritonFusedBackend(Backend):
             pipeline_gate=bool(self.options["pipeline_gate"]),
             split_sums=int(self.options["split_sums"]),
             overlap_passes=bool(self.options["overlap_passes"]),
+            gate=str(self.options["gate"]),
+            gate_chunk=self.options["gate_chunk"],
         )
         return o, tuple(x.to(q.dtype) for x in state)
