@@ -1,4 +1,5 @@
-"""Compile a kernel of ``vla_verify.backends.triton_fused_kernels`` for the H200 (sm_90) on a
+"""Compile a kernel of ``vla_verify.backends.triton_fused_kernels`` (or of
+``triton_chunk_gate_kernels``) for the H200 (sm_90) on a
 machine WITHOUT a GPU and count what its token loop costs: instructions, barriers, spills.
 
     python benchmarks/gpu/offline_sass.py vla_gate_kernel 64,2,PIPELINE=1,SPLIT=4,HAS_INIT=1
@@ -37,6 +38,10 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+_MODULES = (
+    "vla_verify.backends.triton_fused_kernels",
+    "vla_verify.backends.triton_chunk_gate_kernels",
+)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _INTS = ("T", "H", "DK", "DV", "CK", "NC", "t_begin", "n_steps")
 #: Latencies (cycles) of the critical-path estimate; others count 6.
@@ -46,7 +51,10 @@ _LATENCY = {"FADD": 4, "FMUL": 4, "FFMA": 4, "FMNMX": 4, "FSEL": 4, "LDS": 30, "
 
 
 def compile_kernel(name: str, bk: int, num_warps: int, consts: dict[str, int], div16: bool):
-    fn = getattr(importlib.import_module("vla_verify.backends.triton_fused_kernels"), name)
+    fn = None
+    for module in _MODULES:
+        fn = getattr(importlib.import_module(module), name, fn)
+    assert fn is not None, f"no kernel {name} in {_MODULES}"
     sig: dict[str, str] = {}
     fixed: dict[str, object] = {}
     for arg in fn.arg_names:
@@ -62,6 +70,8 @@ def compile_kernel(name: str, bk: int, num_warps: int, consts: dict[str, int], d
             fixed[arg] = 0
         elif arg in ("NORM_GATE", "NORM_OUT", "DOWNDATE"):
             fixed[arg] = 1
+        elif arg in ("ascr_ptr", "wscr_ptr"):  # the chunked gate's float64 scratch
+            sig[arg] = "*fp64"
         elif arg.endswith("_ptr"):
             sig[arg] = "*bf16" if arg[0] in "qkvuo" and arg[1] == "_" else "*fp32"
         else:

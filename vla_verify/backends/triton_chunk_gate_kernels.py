@@ -132,8 +132,7 @@ def vla_gate_chunk_kernel(
     (``ACC``, zero past ``DK``), ``(α̂ᵀq, z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``, the last
     ``Aᵀ, z`` to ``aT, zT`` and (``SAVE_CKPT``) ``(Aᵀ, z)`` at every ``t % CK == 0`` and after the
     last token into slot ``NC``, exactly like the recurrent gate kernel.  ``ascr`` is a float64
-    scratch ``[B·H, 2, BK, BK]``, ``wscr`` a float64 scratch ``[B·H, C, BK]`` (read only when
-    ``BKB < BK``).  ``BUG`` plants the recurrent kernel's bugs 1 and 2 (meta-tests only).
+    scratch ``[B·H, 2, BK, BK]``, ``wscr`` a float64 scratch ``[B·H, 3, C, BK]``.  ``BUG`` plants the recurrent kernel's bugs 1 and 2 (meta-tests only).
     ``BK ≥ 16`` and ``C ≥ 16`` (``tl.dot``), ``C = 2**LOG2C``, ``BKB`` divides
     ``BK``.
     """
@@ -157,13 +156,16 @@ def vla_gate_chunk_kernel(
     floor = sm_floor.to(tl.float64)
     eta64 = nudge_eta.to(tl.float64)
     scr = ascr_ptr + i_bh * 2 * BK * BK  # two [BK, BK] float64 buffers: read one, write one
-    wscr = wscr_ptr + i_bh * C * BK
+    vscr = wscr_ptr + i_bh * 3 * C * BK  # U, k̂, W of the chunk [C, BK] each, float64
+    wscr = vscr + 2 * C * BK
     # A_0 into buffer 0 (float64), row block by row block.
     for kb in tl.static_range(BK // BKB):
         rows = kb * BKB + ob
         m = (rows < DK)[:, None] & mk[None, :]
         if HAS_INIT:
-            a = tl.load(a0_ptr + i_bh * DK * DK + rows[:, None] * DK + ok[None, :], mask=m, other=0.0)
+            a = tl.load(
+                a0_ptr + i_bh * DK * DK + rows[:, None] * DK + ok[None, :], mask=m, other=0.0
+            )
             a = a.to(tl.float64)
         else:
             a = tl.where(rows[:, None] == ok[None, :], 1.0 / lam.to(tl.float64), 0.0)
@@ -207,9 +209,18 @@ def vla_gate_chunk_kernel(
         Z = tl.cumsum(tl.where(oc[:, None] == 0, K + z[None, :], K), axis=0)  # z_{t-1} + k_t, …
         zq = tl.sum(Z * Q, axis=1)
         z = tl.sum(tl.where(oc[:, None] == C - 1, Z, 0.0), axis=0)  # rows past n add zeros
-        # --- penalty half, in float64.
-        U = tl.load(u_ptr + off, mask=m_ck, other=0.0).to(tl.float64)
-        K64 = Kh.to(tl.float64)
+        # --- penalty half, in float64.  U and k̂ reach the products through a float64 scratch:
+        # Triton 3.6 sizes a dot operand's registers by the narrowest type in its chain of
+        # casts (bf16 for U), and its fp64 MMA does not support that operand layout.
+        off_c = oc[:, None] * BK + ok[None, :]
+        tl.store(
+            vscr + off_c,
+            tl.where(mrow[:, None], tl.load(u_ptr + off, mask=m_ck, other=0.0).to(tl.float64), 0.0),
+        )
+        tl.store(vscr + C * BK + off_c, Kh.to(tl.float64))
+        tl.debug_barrier()
+        U = tl.load(vscr + off_c)
+        K64 = tl.load(vscr + C * BK + off_c)
         Y = tl.zeros([C, BK], dtype=tl.float64)
         KA = tl.zeros([C, BK], dtype=tl.float64)
         for kb in tl.static_range(BK // BKB):
@@ -218,12 +229,9 @@ def vla_gate_chunk_kernel(
             if BKB == BK:
                 Ub = U
                 Kb = K64
-            else:  # the same column block of u and k̂ (k̂ by the same correctly rounded division)
-                m_cb = mrow[:, None] & (rows < DK)[None, :]
-                off_b = base_k + (start + oc)[:, None].to(tl.int64) * stride_k + rows[None, :]
-                Ub = tl.load(u_ptr + off_b, mask=m_cb, other=0.0).to(tl.float64)
-                Kb = tl.load(k_ptr + off_b, mask=m_cb, other=0.0).to(ACC)
-                Kb = _div(Kb, rk[:, None], ACC).to(tl.float64)
+            else:  # the same column block of u and k̂
+                Ub = tl.load(vscr + oc[:, None] * BK + rows[None, :])
+                Kb = tl.load(vscr + C * BK + oc[:, None] * BK + rows[None, :])
             Y += tl.dot(Ub, a)  # Y[t, i] = Σ_j u_t[j] A[i, j]
             KA += tl.dot(Kb, a)
         G = tl.dot(Y, tl.trans(U))  # G[t, j] = (A_0 u_t)ᵀ u_j; the lower triangle is u_tᵀ A_0 u_j
@@ -239,7 +247,7 @@ def vla_gate_chunk_kernel(
             alpha += tl.where(oc[:, None] == n - 1, eta * K64, 0.0)  # the last gate sees it
         # --- A_C = A_0 − Wᵀ D^{-1} W (+ η I) into the other buffer.
         if BKB < BK:
-            tl.store(wscr + oc[:, None] * BK + ok[None, :], W)
+            tl.store(wscr + off_c, W)
             tl.debug_barrier()
         for kb in tl.static_range(BK // BKB):
             rows = kb * BKB + ob

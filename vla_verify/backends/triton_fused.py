@@ -41,10 +41,10 @@ from .registry import Backend, Capabilities
 
 __all__ = [
     "DOWNDATES",
+    "GATES",
     "MAX_HEAD_DIM",
     "PLANTED_BUGS",
     "SCHEDULES",
-    "GATES",
     "FusedRecurrentVLAFunction",
     "TritonFusedBackend",
     "availability_reason",
@@ -142,8 +142,9 @@ def _default_gate_warps(bk: int) -> int:
     return max(2, bk * bk // 4096)
 
 
-#: Row block of the chunked gate kernel's A scratch when dk > 64: a [32, 128] float64 block of
-#: A beside the chunk's [C, 128] float64 tiles stays within a program's registers.
+#: Row block of the chunked gate kernel's A scratch: with whole [64, 64] float64 tiles of A,
+#: Triton 3.6 / ptxas compiled the kernel to 56 registers and ~5000 spill instructions per chunk
+#: (offline SASS, benchmarks/gpu/offline_sass.py); with [32, BK] blocks, 255 and ~300.
 _CHUNK_GATE_ROWS = 32
 
 
@@ -286,10 +287,10 @@ def _forward(
     seg = T if seg >= T else max(checkpoint_every, seg // checkpoint_every * checkpoint_every)
     if chunked_gate:
         chunk = gate_chunk or _default_gate_chunk(bk)
-        bkb = bk if bk <= 64 else _CHUNK_GATE_ROWS
-        # float64 scratch for A (two buffers) and, when A is processed in row blocks, for W
+        bkb = min(bk, _CHUNK_GATE_ROWS)
+        # float64 scratch: A (two buffers), and the chunk's U, k̂, W
         a_scr = torch.empty(B * H, 2, bk, bk, dtype=torch.float64, device=dev)
-        w_scr = torch.empty(B * H, chunk, bk, dtype=torch.float64, device=dev) if bkb < bk else a_scr
+        w_scr = torch.empty(B * H, 3, chunk, bk, dtype=torch.float64, device=dev)
     main = side = None
     if overlap and seg < T:
         main = torch.cuda.current_stream(dev)
