@@ -222,9 +222,9 @@ def _forward(
     forward_segment: int | None = None,
     pipeline_gate: bool = True,
     split_sums: int = 1,
-    overlap_passes: bool = False,
+    overlap_passes: bool | None = False,
     nudge_branch: bool | None = None,
-    split_after_load: bool = False,
+    split_after_load: bool | None = False,
     gate: str = "recurrent",
     gate_chunk: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
@@ -280,7 +280,8 @@ def _forward(
     # On a GPU the state pass of segment i runs on a side stream beside the gate pass of
     # segment i + 1 (the gate pass holds B·H SMs, the state pass NV·B·H more): the forward then
     # costs about the gate pass plus one segment's state pass, not the sum of the two.
-    overlap = overlap_passes and dev.type == "cuda"
+    split_after_load = _split_after_load(split_after_load, _pow2(dk))
+    overlap = _overlap(overlap_passes, split_after_load, save_checkpoints) and dev.type == "cuda"
     seg = forward_segment or max(1, _FORWARD_FLOATS // (B * H * (2 * bk + 2)))
     if overlap and forward_segment is None:
         seg = min(seg, triton.cdiv(T, _OVERLAP_SEGMENTS))
@@ -399,6 +400,25 @@ def _gate_split(split_sums: int, bk: int, tile_io: bool) -> int:
     return 1 if tile_io else min(split_sums, bk)
 
 
+def _split_after_load(option: bool | None, bk: int) -> bool:
+    """Option ``split_after_load``, by default on for BK ≤ 64: measured on the H200
+    (``two_pass_sweeps/run8_d07206e.json``, T = 4096, bf16) the forward went 5.29 -> 4.19 ms at
+    dk = 64 (forward + backward at T = 2048 14.8 -> 13.7), while at dk = 128 the gate kernel
+    slowed 7.86 -> 11.8 ms (its plain loads compile to a 255-register loop that spills)."""
+    return bk <= 64 if option is None else bool(option)
+
+
+def _overlap(option: bool | None, split_after_load: bool, save_checkpoints: bool) -> bool:
+    """Option ``overlap_passes``, by default on where the segments' gate kernels do not lose
+    their split sums by being segments (they load ``A``): with ``split_after_load``, or when the
+    forward stores checkpoints (then no gate kernel splits).  Otherwise the overlap trades the
+    split of 7 of 8 gate passes for hiding the state pass: at dk = 128, T = 4096 the forward took
+    8.65 ms overlapped and 7.98 ms not (``two_pass_sweeps/run8_d07206e.json``)."""
+    if option is not None:
+        return bool(option)
+    return split_after_load or save_checkpoints
+
+
 def _nudge_branch(option: bool | None, bk: int) -> bool:
     """The gate kernel's ``NUDGE_BRANCH``: the option, or by default BK ≤ 64 (offline SASS at
     BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
@@ -494,6 +514,7 @@ def _backward_two_pass(
     a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
+    split_after_load = _split_after_load(options["split_after_load"], bk)
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
@@ -508,8 +529,8 @@ def _backward_two_pass(
             BK=bk, HAS_INIT=True, SAVE_CKPT=False, SAVE_CHAIN=True,
             NORM_GATE=config.normalize_gate, ACC=acc_tl, BUG=0, DOWNDATE=options["downdate"],
             PIPELINE=options["pipeline_gate"],
-            SPLIT=_gate_split(options["split_sums"], bk, not options["split_after_load"]),
-            LOAD_PLAIN=options["split_after_load"],
+            SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
+            LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -644,9 +665,9 @@ def fused_recurrent_vla(
     forward_segment: int | None = None,
     pipeline_gate: bool = True,
     split_sums: int = 4,
-    overlap_passes: bool = True,
+    overlap_passes: bool | None = None,
     nudge_branch: bool | None = None,
-    split_after_load: bool = False,
+    split_after_load: bool | None = None,
     gate: str = "recurrent",
     gate_chunk: int | None = None,
     bwd_num_warps: int | None = None,
@@ -695,15 +716,18 @@ def fused_recurrent_vla(
         :func:`_gate_split` for why).
     overlap_passes : two-pass forward on a GPU: cut T into 8 segments (whole checkpoint chunks;
         ``forward_segment`` overrides) and run each segment's state pass on a side stream while
-        the gate pass goes on with the next segment (default on; the result does not change).
+        the gate pass goes on with the next segment; the result does not change.  Default
+        (``None``): on where the later segments' gate kernels keep their split sums anyway
+        (``split_after_load``, or a forward that stores checkpoints), see :func:`_overlap`.
     nudge_branch : pipelined gate only: add ``η I`` to the tile under a branch taken on nudge
         steps only, instead of a select over the tile every step (default: when dk ≤ 64; at
         BK = 128 the branch made ptxas spill).  Same result.
     split_after_load : also split the sums of gate kernels that load or store ``A`` (later
         forward segments, a given initial state, the backward's rerun, checkpoints), which then
         access the tile without vector loads and stores (``LOAD_PLAIN``): in the offline Triton
-        3.6 SASS that keeps the split loop's layout and registers at dk = 64.  Off by default:
-        not yet timed on a GPU (``benchmarks/NOTES_triton.md``, "Fourth design").
+        3.6 SASS that keeps the split loop's layout and registers at dk = 64.  Default
+        (``None``): on for dk <= 64, where the H200 measured it faster, off at dk = 128
+        (:func:`_split_after_load`).
     gate : two-pass forward only: how the gate pass runs the penalty chain.  ``"recurrent"``
         (default) steps through the tokens (:func:`kernels.vla_gate_kernel`); ``"chunked"``
         takes ``gate_chunk`` tokens at a time in the Woodbury/LDLᵀ form of spec §5 in float64
@@ -781,9 +805,9 @@ def fused_recurrent_vla(
         "forward_segment": forward_segment,
         "pipeline_gate": bool(pipeline_gate),
         "split_sums": int(split_sums),
-        "overlap_passes": bool(overlap_passes),
+        "overlap_passes": overlap_passes,
         "nudge_branch": nudge_branch,
-        "split_after_load": bool(split_after_load),
+        "split_after_load": split_after_load,
         "gate": gate,
         "gate_chunk": gate_chunk,
         "bwd_num_warps": bwd_num_warps,
@@ -824,7 +848,8 @@ class TritonFusedBackend(Backend):
             "gate_num_warps": None,
             "pipeline_gate": True,
             "split_sums": 4,
-            "overlap_passes": True,
+            "overlap_passes": None,
+            "split_after_load": None,
             "gate": "recurrent",
             "gate_chunk": None,
         },
@@ -868,7 +893,8 @@ class TritonFusedBackend(Backend):
             gate_num_warps=self.options["gate_num_warps"],
             pipeline_gate=bool(self.options["pipeline_gate"]),
             split_sums=int(self.options["split_sums"]),
-            overlap_passes=bool(self.options["overlap_passes"]),
+            overlap_passes=self.options["overlap_passes"],
+            split_after_load=self.options["split_after_load"],
             gate=str(self.options["gate"]),
             gate_chunk=self.options["gate_chunk"],
         )
