@@ -113,6 +113,8 @@ def test_validate_exact_downdate() -> None:
         ("backward_segment", 0),
         ("forward_segment", -1),
         ("split_sums", 3),
+        ("gate", "woodbury"),
+        ("gate_chunk", 48),
     ],
 )
 def test_refuses_unknown_option(argument: str, value: object) -> None:
@@ -204,7 +206,9 @@ def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
     results = []
     # The pipelined gate (the two-pass default) forms s = A u inside another reduction: the same
     # products and sums, which the interpreter may add in another order (test_validate_two_pass).
-    unpiped = {"pipeline_gate": False}
+    # split_after_load (default at dk <= 64) splits the sums of a gate kernel that loads A into
+    # interleaved partial sums, another order than the fused kernel's one chain: pinned off.
+    unpiped = {"pipeline_gate": False, "split_after_load": False}
     for options in (
         {"schedule": "fused"},
         {"schedule": "two_pass", **unpiped},
@@ -249,6 +253,58 @@ def test_validate_forward_regroupings(name: str) -> None:
     options = {"schedule": "two_pass", **FORWARD_REGROUPINGS[name]}
     report = _validate_small(_kernel(**options), CONFIGS["nudge3_ungated"], "float32", seed=17)
     assert report.passed, report.summary()
+
+
+# -- the chunked gate pass (spec §5 Woodbury/LDLᵀ in float64) -------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_validate_chunked_gate_every_config(name: str) -> None:
+    """The chunked gate honours every VLAConfig field: nudges end chunks, floors clamp pivots."""
+    fn = _kernel(schedule="two_pass", gate="chunked", gate_chunk=16)
+    report = _validate_small(fn, CONFIGS[name], "float32", seed=23)
+    assert report.passed, report.summary()
+
+
+def test_validate_chunked_gate_bfloat16_segments_checkpoints() -> None:
+    """bfloat16 inputs; chunks of 32 cut by a forward segment of 4 tokens and checkpoints every
+    4 (so chunks of every length 1..4 occur); gradients through its checkpoints."""
+    fn = _kernel(schedule="two_pass", gate="chunked", gate_chunk=32, forward_segment=4,
+                 checkpoint_every=4)  # fmt: skip
+    report = _validate_small(fn, CONFIGS["tiny_out_eps"], "bfloat16", seed=29)
+    assert report.passed, report.summary()
+
+
+def test_chunked_gate_checkpoints_and_gradients_match_recurrent() -> None:
+    """The chunked forward stores checkpoints the recurrent backward reruns from: gradients agree
+    with the recurrent forward's to float32 rounding (a misplaced checkpoint would not)."""
+    tf = _fused()
+    case = _case(12, T=21, dk=6, dv=5)
+    grads = []
+    for gate in ("recurrent", "chunked"):
+        xs = [
+            torch.tensor(a, dtype=torch.float64).float().requires_grad_()
+            for a in case.arrays().values()
+        ]
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4], config=VLAConfig(nudge_period=5), initial_state=tuple(xs[4:]),
+            schedule="two_pass", gate=gate, checkpoint_every=8,
+        )  # fmt: skip
+        grads.append(torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs))
+    for name, a, b in zip(_GRAD_NAMES, *grads, strict=True):
+        scale = 1.0 + float(b.abs().max())
+        assert float((a - b).abs().max()) < 1e-4 * scale, name
+
+
+def test_chunked_gate_float64_keeps_the_recurrent_gate() -> None:
+    """float64 inputs take the recurrent gate (a float64 Woodbury chain is outside the float64
+    budget): the result is bitwise the recurrent one."""
+    tf = _fused()
+    case = _case(13, T=9, dk=4, dv=3, state=False)
+    x = [torch.tensor(a, dtype=torch.float64) for a in (case.q, case.k, case.v, case.u)]
+    o1, _ = tf.fused_recurrent_vla(*x, schedule="two_pass", gate="chunked")
+    o2, _ = tf.fused_recurrent_vla(*x, schedule="two_pass")
+    assert torch.equal(o1, o2)
 
 
 def test_nudge_branch_is_the_select() -> None:
@@ -409,12 +465,13 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 # -- the checks can fail: planted bugs -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate"])
+@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate", "chunked_gate"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     options = {
         "schedule": "fused" if schedule == "fused" else "two_pass",
         "pipeline_gate": schedule == "pipelined_gate",
+        "gate": "chunked" if schedule == "chunked_gate" else "recurrent",
     }
     fn = _kernel(planted_bug=bug, **options)
     case = _case(6, T=10, state=False)

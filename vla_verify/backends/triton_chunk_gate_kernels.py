@@ -124,6 +124,7 @@ def vla_gate_chunk_kernel(
     NORM_GATE: tl.constexpr,
     ACC: tl.constexpr,
     BUG: tl.constexpr = 0,
+    ANATOMY: tl.constexpr = 0,
 ):
     """Pass 1 of the two-pass forward, by chunks (module docstring): for one (b, h), tokens
     ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -132,9 +133,10 @@ def vla_gate_chunk_kernel(
     (``ACC``, zero past ``DK``), ``(α̂ᵀq, z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``, the last
     ``Aᵀ, z`` to ``aT, zT`` and (``SAVE_CKPT``) ``(Aᵀ, z)`` at every ``t % CK == 0`` and after the
     last token into slot ``NC``, exactly like the recurrent gate kernel.  ``ascr`` is a float64
-    scratch ``[B·H, 2, BK, BK]``, ``wscr`` a float64 scratch ``[B·H, 3, C, BK]``.  ``BUG`` plants the recurrent kernel's bugs 1 and 2 (meta-tests only).
-    ``BK ≥ 16`` and ``C ≥ 16`` (``tl.dot``), ``C = 2**LOG2C``, ``BKB`` divides
-    ``BK``.
+    scratch ``[B·H, 2, BK, BK]``, ``wscr`` a float64 scratch ``[B·H, 3, C, BK]``.  ``BK ≥ 16``
+    and ``C ≥ 16`` (``tl.dot``), ``C = 2**LOG2C``, ``BKB`` divides ``BK``.  ``BUG`` plants the
+    recurrent kernel's bugs 1 and 2 (meta-tests only); ``ANATOMY`` skips parts, to time the
+    others (``benchmarks/gpu/chunk_gate_anatomy.py`` only: the results are then wrong).
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -232,15 +234,36 @@ def vla_gate_chunk_kernel(
             else:  # the same column block of u and k̂
                 Ub = tl.load(vscr + oc[:, None] * BK + rows[None, :])
                 Kb = tl.load(vscr + C * BK + oc[:, None] * BK + rows[None, :])
-            Y += tl.dot(Ub, a)  # Y[t, i] = Σ_j u_t[j] A[i, j]
-            KA += tl.dot(Kb, a)
-        G = tl.dot(Y, tl.trans(U))  # G[t, j] = (A_0 u_t)ᵀ u_j; the lower triangle is u_tᵀ A_0 u_j
+            if (ANATOMY & 8) == 0:
+                Y += tl.dot(Ub, a)  # Y[t, i] = Σ_j u_t[j] A[i, j]
+                KA += tl.dot(Kb, a)
+        if (ANATOMY & 8) != 0:
+            Y = U + Y
+            KA = K64 + KA
+            G = tl.zeros([C, C], dtype=tl.float64)
+        else:
+            G = tl.dot(
+                Y, tl.trans(U)
+            )  # G[t, j] = (A_0 u_t)ᵀ u_j; the lower triangle is u_tᵀ A_0 u_j
         M = tl.where(lower, G, tl.trans(G)) + tl.where(eye_c, 1.0, 0.0).to(tl.float64)
-        Lm, d = _ldl_clamped(M, n, floor, oc, C)
-        W = tl.dot(_unit_lower_inverse(Lm, eye_c, C, LOG2C), Y)  # row j: s_jᵀ
-        Ws = W / d[:, None]
-        X = tl.where(gate_mask, tl.dot(K64, tl.trans(Ws)), 0.0)  # X[t, j] = k̂_tᵀ w_j / d_j, j ≤ t
-        alpha = KA - tl.dot(X, W)
+        if (ANATOMY & 1) != 0:
+            Lm = tl.where(eye_c, M, 0.0)
+            d = tl.sum(tl.where(eye_c, M, 0.0), axis=1)
+        else:
+            Lm, d = _ldl_clamped(M, n, floor, oc, C)
+        if (ANATOMY & 2) != 0:
+            Linv = Lm
+        else:
+            Linv = _unit_lower_inverse(Lm, eye_c, C, LOG2C)
+        if (ANATOMY & 8) != 0:
+            W = Y + tl.sum(Linv, axis=1)[:, None]
+            Ws = W / d[:, None]
+            alpha = KA - Ws
+        else:
+            W = tl.dot(Linv, Y)  # row j: s_jᵀ
+            Ws = W / d[:, None]
+            X = tl.where(gate_mask, tl.dot(K64, tl.trans(Ws)), 0.0)  # X[t, j] = k̂_tᵀ w_j / d_j
+            alpha = KA - tl.dot(X, W)
         nudge = (((start + n - shift) % nudge_period) == 0) & (start + n - shift > 0)
         eta = tl.where(nudge, eta64, 0.0)
         if BUG != 1:
@@ -249,16 +272,17 @@ def vla_gate_chunk_kernel(
         if BKB < BK:
             tl.store(wscr + off_c, W)
             tl.debug_barrier()
-        for kb in tl.static_range(BK // BKB):
-            rows = kb * BKB + ob
-            a = tl.load(cur + rows[:, None] * BK + ok[None, :])
-            if BKB == BK:
-                Wb = W
-            else:
-                Wb = tl.load(wscr + oc[:, None] * BK + rows[None, :])
-            a = a - tl.dot(tl.trans(Wb), Ws)  # Aᵀ[j, i] −= Σ_t w_t[j] w_t[i] / d_t
-            a += tl.where((rows[:, None] == ok[None, :]) & (rows < DK)[:, None], eta, 0.0)
-            tl.store(nxt + rows[:, None] * BK + ok[None, :], a)
+        if (ANATOMY & 4) == 0:
+            for kb in tl.static_range(BK // BKB):
+                rows = kb * BKB + ob
+                a = tl.load(cur + rows[:, None] * BK + ok[None, :])
+                if BKB == BK:
+                    Wb = W
+                else:
+                    Wb = tl.load(wscr + oc[:, None] * BK + rows[None, :])
+                a = a - tl.dot(tl.trans(Wb), Ws)  # Aᵀ[j, i] −= Σ_t w_t[j] w_t[i] / d_t
+                a += tl.where((rows[:, None] == ok[None, :]) & (rows < DK)[:, None], eta, 0.0)
+                tl.store(nxt + rows[:, None] * BK + ok[None, :], a)
         # --- gates, in ACC.
         al = alpha.to(ACC)
         anorm = _sqrt(tl.sum(al * al, axis=1), ACC)
@@ -280,7 +304,8 @@ def vla_gate_chunk_kernel(
         tl.store(sc + 1, zq, mask=mrow)
         tl.debug_barrier()  # the new A is complete (and the W scratch free) for the next chunk
         start += n
-        par = 1 - par
+        if (ANATOMY & 4) == 0:
+            par = 1 - par
     cur = scr + par * BK * BK
     for kb in tl.static_range(BK // BKB):
         rows = kb * BKB + ob

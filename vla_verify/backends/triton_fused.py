@@ -10,6 +10,9 @@ Every kernel launch runs all T steps of every (batch, head) (kernels and their o
 one launch for the whole step, and *two-pass*, a gate kernel (the penalty chain, one program per
 (b, h)) then a state kernel (value rows split over programs) — the same operations cut at the
 gate, faster at dk = 128 and for training (``benchmarks/NOTES_triton.md``, "Third design").
+The two-pass gate pass either steps through the tokens (default) or, with ``gate="chunked"``,
+takes chunks of tokens in the Woodbury/LDLᵀ form of spec §5
+(:mod:`vla_verify.backends.triton_chunk_gate_kernels`; correct, slower on the H200 so far).
 
 Inputs may be float32, bfloat16 or float16 (accumulated in float32) or float64 (accumulated in
 float64, useful to separate algorithm from rounding); the output ``o`` has the inputs' dtype,
@@ -319,7 +322,8 @@ def _forward(
             kernels.vla_gate_kernel[(B * H,)](
                 q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
                 T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n, dk,
-                BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug, DOWNDATE=downdate,
+                BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug,
+                DOWNDATE=downdate,
                 PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
                 SPLIT=_gate_split(
                     split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
@@ -826,7 +830,8 @@ class TritonFusedBackend(Backend):
 
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
-    ``pipeline_gate``, ``split_sums``, ``overlap_passes`` (see :func:`fused_recurrent_vla`).
+    ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
+    ``gate_chunk`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
