@@ -26,7 +26,7 @@ def main() -> int:
     p.add_argument("--commit", default="")
     p.add_argument("--out", default=".")
     p.add_argument("--T", type=int, default=4096)
-    args = p.parse_args()
+    cli = p.parse_args()
     import torch
     import triton
     import triton.language as tl
@@ -36,7 +36,7 @@ def main() -> int:
     from vla_verify.backends.triton_fused import _NEVER, _params
     from vla_verify.bench import _inputs, machine_info, time_ms
 
-    B, H, T = 1, 16, args.T
+    B, H, T = 1, 16, cli.T
     config = VLAConfig()
     rows = []
     for D, C, warps in ((64, 16, 8), (128, 16, 8)):
@@ -69,9 +69,9 @@ def main() -> int:
             row = {"D": D, "C": C, "warps": warps, "anatomy": anatomy, "median_ms": ms}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = Path(args.out)
+    out = Path(cli.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": {**machine_info(), "commit": args.commit}, "T": T, "rows": rows}
+    result = {"machine": {**machine_info(), "commit": cli.commit}, "T": T, "rows": rows}
     (out / "chunk_gate_anatomy.json").write_text(json.dumps(result, indent=1))
     return 0
 
