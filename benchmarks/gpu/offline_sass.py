@@ -4,7 +4,8 @@ machine WITHOUT a GPU and count what its token loop costs: instructions, barrier
 
     python benchmarks/gpu/offline_sass.py vla_gate_kernel 64,2,PIPELINE=1,SPLIT=4,HAS_INIT=1
 
-Each argument is ``BK,num_warps[,NAME=VALUE...]`` (constexpr values; the pointer inputs q, k, v,
+Each argument is ``BK,num_warps[,NAME=VALUE...]`` (constexpr values, and ``maxnreg``, the
+launch option that caps registers per thread; the pointer inputs q, k, v,
 u, o are bf16, every other pointer float32, ``ACC`` float32, ``DOWNDATE`` fma).  Integer
 arguments are marked divisible by 16 as the launcher specialises them (``--no-div16`` to
 drop that): without it the compile does not reproduce what ran on the H200 — the split gate
@@ -50,7 +51,9 @@ _LATENCY = {"FADD": 4, "FMUL": 4, "FFMA": 4, "FMNMX": 4, "FSEL": 4, "LDS": 30, "
             "FCHK": 8, "BAR": 24, "ISETP": 4, "FSETP": 4}  # fmt: skip
 
 
-def compile_kernel(name: str, bk: int, num_warps: int, consts: dict[str, int], div16: bool):
+def compile_kernel(
+    name: str, bk: int, num_warps: int, consts: dict[str, int], div16: bool, maxnreg: int | None
+):
     fn = None
     for module in _MODULES:
         fn = getattr(importlib.import_module(module), name, fn)
@@ -88,7 +91,10 @@ def compile_kernel(name: str, bk: int, num_warps: int, consts: dict[str, int], d
         constexprs={(fn.arg_names.index(a),): v for a, v in fixed.items()},
         attrs=attrs,
     )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options: dict[str, int] = {"num_warps": num_warps}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def loop_body(sass: str) -> list[str]:
@@ -166,7 +172,8 @@ def main() -> int:
     for cfg in args.configs:
         bk, nw, *rest = cfg.split(",")
         consts = {k: int(v) for k, v in (kv.split("=") for kv in rest)}
-        kernel = compile_kernel(args.kernel, int(bk), int(nw), consts, not args.no_div16)
+        maxnreg = consts.pop("maxnreg", None)  # a launch option, not a constexpr
+        kernel = compile_kernel(args.kernel, int(bk), int(nw), consts, not args.no_div16, maxnreg)
         print(report(kernel, cfg), flush=True)
     return 0
 
