@@ -152,14 +152,16 @@ _CHUNK_GATE_ROWS = 32
 
 
 def _default_gate_chunk(bk: int) -> int:
-    """Tokens per chunk of the chunked gate kernel (a power of two >= 16): 32 while its
-    float64 ``[C, BK]`` tiles are small (dk <= 64), 16 at dk = 128."""
-    return 32 if bk <= 64 else 16
+    """Tokens per chunk of the chunked gate kernel: 16, the faster of 16 and 32 on the H200 at
+    dk = 64 and 128 (``benchmarks/results/h200/chunk_gate.json``: 7.2 against 9.9 ms and 15.0
+    against 27.6 ms at T = 4096)."""
+    return 16
 
 
 def _default_chunk_gate_warps(bk: int) -> int:
-    """Warps of the chunked gate kernel: 4, or 8 when dk = 128."""
-    return 4 if bk <= 64 else 8
+    """Warps of the chunked gate kernel: 8, faster than 4 at dk = 64 and 128 with chunks of 16
+    (``chunk_gate.json``: 7.2 against 7.4 ms, 15.0 against 17.7 ms at T = 4096)."""
+    return 8
 
 
 def _default_state_warps(bk: int, bv: int) -> int:
@@ -225,9 +227,9 @@ def _forward(
     forward_segment: int | None = None,
     pipeline_gate: bool = True,
     split_sums: int = 1,
-    overlap_passes: bool | None = False,
+    overlap_passes: bool | None = None,
     nudge_branch: bool | None = None,
-    split_after_load: bool | None = False,
+    split_after_load: bool | None = None,
     gate: str = "recurrent",
     gate_chunk: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
@@ -346,7 +348,6 @@ def _forward(
         main.wait_stream(side)
     zT = z_in
     return o, (s_in.mT.contiguous(), a_in.mT.contiguous(), zT), ck
-    return o, (sT, aT, zT), ck
 
 
 _Grads = tuple[torch.Tensor, ...]
@@ -740,8 +741,7 @@ def fused_recurrent_vla(
         The backward reruns the recurrent gate from the checkpoints either way; float64 inputs
         always take the recurrent gate (a float64 Woodbury chain is not within the float64
         recurrence's error budget).
-    gate_chunk : tokens per chunk of the chunked gate (16, 32 or 64; default 32, or 16 when
-        dk > 64).
+    gate_chunk : tokens per chunk of the chunked gate (16, 32 or 64; default 16).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
