@@ -245,6 +245,9 @@ FORWARD_REGROUPINGS = {
     "branch_nudge": {"nudge_branch": True},
     "split2": {"split_sums": 2},
     "split_after_load": {"split_after_load": True, "forward_segment": 4},
+    # the nudges in a scalar shift, folded into the diagonal every 4 tokens (checkpoints too)
+    "shift_nudge": {"shift_nudge": True, "checkpoint_every": 4, "forward_segment": 8},
+    "shift_nudge_one_block": {"shift_nudge": True},
 }
 
 
@@ -305,6 +308,45 @@ def test_chunked_gate_float64_keeps_the_recurrent_gate() -> None:
     o1, _ = tf.fused_recurrent_vla(*x, schedule="two_pass", gate="chunked")
     o2, _ = tf.fused_recurrent_vla(*x, schedule="two_pass")
     assert torch.equal(o1, o2)
+
+
+def test_validate_shift_nudge_nudging_every_step() -> None:
+    """The hardest case for the scalar shift: a nudge of 0.05 at every step, so the shift grows
+    to 24 nudges over one block of the default 64 tokens before it reaches the diagonal."""
+    fn = _kernel(schedule="two_pass", shift_nudge=True)
+    for dtype in ("float32", "bfloat16"):
+        report = _validate_small(fn, CONFIGS["nudge_every_step"], dtype, seed=19)
+        assert report.passed, report.summary()
+
+
+STREAM_CASES = {
+    "one_launch": {},
+    "segments_and_checkpoints": {"forward_segment": 4, "checkpoint_every": 4},
+    "split_after_load_shift": {"forward_segment": 4, "checkpoint_every": 2,
+                               "split_after_load": True, "shift_nudge": True},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(STREAM_CASES))
+def test_streamed_passes_are_the_two_kernels(name: str) -> None:
+    """``stream_passes`` (one launch, state programs reading the gates behind the gate
+    programs) runs the two kernels' operations: the same bits for outputs, final state and, in
+    a training forward, every gradient (the backward reruns from the checkpoints the streamed
+    forward stored), with several value blocks and a given initial state."""
+    tf = _fused()
+    case = _case(10, T=11, dk=6, dv=40)
+    runs = []
+    for stream in (False, True):
+        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+              for a in case.arrays().values()]  # fmt: skip
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
+            schedule="two_pass", block_v=16, stream_passes=stream, **STREAM_CASES[name],
+        )  # fmt: skip
+        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
+        runs.append([o, S, A, z, *grads])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_nudge_branch_is_the_select() -> None:
@@ -400,7 +442,14 @@ TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
 @pytest.mark.parametrize(
-    "schedule", ["fused", "two_pass", "two_pass_pipelined_gate", "two_pass_split_after_load"]
+    "schedule",
+    [
+        "fused",
+        "two_pass",
+        "two_pass_pipelined_gate",
+        "two_pass_split_after_load",
+        "two_pass_shift_nudge",
+    ],
 )
 def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
     """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks (and,
@@ -410,6 +459,7 @@ def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> No
         "two_pass": TWO_PASS,
         "two_pass_pipelined_gate": {**TWO_PASS, "pipeline_gate": True},
         "two_pass_split_after_load": {**TWO_PASS, "split_after_load": True},
+        "two_pass_shift_nudge": {**TWO_PASS, "shift_nudge": True},
     }[schedule]
     # Seed 5: per slice, the float32 du ratio (kernel error / 2x the torch float32 error on the
     # same example) has a tail at seeds 3-5 of paper_nudge4 — fused 0.65 / 1.24 / 0.51, two-pass
@@ -465,13 +515,16 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 # -- the checks can fail: planted bugs -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate", "chunked_gate"])
+@pytest.mark.parametrize(
+    "schedule", ["fused", "two_pass", "pipelined_gate", "shift_nudge", "chunked_gate"]
+)
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     options = {
         "schedule": "fused" if schedule == "fused" else "two_pass",
-        "pipeline_gate": schedule == "pipelined_gate",
+        "pipeline_gate": schedule in ("pipelined_gate", "shift_nudge"),
         "gate": "chunked" if schedule == "chunked_gate" else "recurrent",
+        "shift_nudge": schedule == "shift_nudge",
     }
     fn = _kernel(planted_bug=bug, **options)
     case = _case(6, T=10, state=False)

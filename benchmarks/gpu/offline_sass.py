@@ -44,7 +44,7 @@ _MODULES = (
     "vla_verify.backends.triton_chunk_gate_kernels",
 )
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-_INTS = ("T", "H", "DK", "DV", "CK", "NC", "t_begin", "n_steps")
+_INTS = ("T", "H", "DK", "DV", "CK", "NC", "t_begin", "n_steps", "BH", "NV")
 #: Latencies (cycles) of the critical-path estimate; others count 6.
 _LATENCY = {"FADD": 4, "FMUL": 4, "FFMA": 4, "FMNMX": 4, "FSEL": 4, "LDS": 30, "SHFL": 28,
             "MUFU": 22, "STS": 20, "LDG": 0, "STG": 1, "IMAD": 4, "LOP3": 4, "IADD3": 4,
@@ -75,6 +75,10 @@ def compile_kernel(
             fixed[arg] = 1
         elif arg in ("ascr_ptr", "wscr_ptr"):  # the chunked gate's float64 scratch
             sig[arg] = "*fp64"
+        elif arg in ("ticket_ptr", "progress_ptr"):  # the streamed forward's counters
+            sig[arg] = "*i32"
+        elif arg in ("PIPELINE", "SPLIT", "NUDGE_BRANCH", "LOAD_PLAIN", "BLOCK_T", "SHIFT"):
+            fixed[arg] = {"PIPELINE": 1, "SPLIT": 4, "BLOCK_T": 8}.get(arg, 0)
         elif arg.endswith("_ptr"):
             sig[arg] = "*bf16" if arg[0] in "qkvuo" and arg[1] == "_" else "*fp32"
         else:

@@ -232,6 +232,8 @@ def _forward(
     split_after_load: bool | None = None,
     gate: str = "recurrent",
     gate_chunk: int | None = None,
+    stream_passes: bool | None = None,
+    shift_nudge: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -286,7 +288,14 @@ def _forward(
     # segment i + 1 (the gate pass holds B·H SMs, the state pass NV·B·H more): the forward then
     # costs about the gate pass plus one segment's state pass, not the sum of the two.
     split_after_load = _split_after_load(split_after_load, _pow2(dk))
-    overlap = _overlap(overlap_passes, split_after_load, save_checkpoints) and dev.type == "cuda"
+    # One launch in which the state programs follow the gate programs (vla_stream_kernel);
+    # otherwise the passes one after the other, or overlapped by segments on two streams.
+    stream = _stream(stream_passes) and not chunked_gate
+    overlap = (
+        not stream
+        and _overlap(overlap_passes, split_after_load, save_checkpoints)
+        and dev.type == "cuda"
+    )
     seg = forward_segment or max(1, _FORWARD_FLOATS // (B * H * (2 * bk + 2)))
     if overlap and forward_segment is None:
         seg = min(seg, triton.cdiv(T, _OVERLAP_SEGMENTS))
@@ -312,6 +321,27 @@ def _forward(
         ah = torch.empty(B * H, n, bk, dtype=acc, device=dev)
         sc = torch.empty(B * H, n, 2, dtype=acc, device=dev)
         init = {**flags, "HAS_INIT": state0 is not None or t_begin > 0}
+        gate_flags = {
+            "NORM_GATE": config.normalize_gate, "BUG": bug, "DOWNDATE": downdate,
+            "PIPELINE": pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
+            "SPLIT": _gate_split(
+                split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
+            ),
+            "LOAD_PLAIN": split_after_load, "NUDGE_BRANCH": _nudge_branch(nudge_branch, bk),
+            "SHIFT": _shift(shift_nudge, bk, q.dtype, pipeline_gate, bug),
+        }  # fmt: skip
+        if stream:
+            # [0]: the ticket that assigns roles; [1:]: tokens done per (b, h); both start at 0
+            counters = torch.zeros(1 + B * H, dtype=torch.int32, device=dev)
+            kernels.vla_stream_kernel[(B * H * (1 + nv),)](
+                q, k, v, u, o, kh, ah, sc, a_in, z_in, s_in, aTt, z_out, sTt, cka, ckz, cks,
+                params, counters, counters[1:], T, H, dk, dv, config.nudge_period or _NEVER,
+                checkpoint_every, nc, t_begin, n, dk, B * H, nv,
+                BK=bk, BV=bv, NORM_OUT=config.normalize_output, BLOCK_T=_STREAM_BLOCK,
+                num_warps=gate_num_warps or _default_gate_warps(bk), **gate_flags, **init,
+            )  # fmt: skip
+            s_in, a_in, z_in = sTt, aTt, z_out
+            continue
         if chunked_gate:
             chunk_kernels.vla_gate_chunk_kernel[(B * H,)](
                 q, k, u, kh, ah, sc, a_in, z_in, aTt, z_out, cka, ckz, a_scr, w_scr, params,
@@ -324,15 +354,8 @@ def _forward(
             kernels.vla_gate_kernel[(B * H,)](
                 q, k, u, kh, ah, sc, kh, sc, a_in, z_in, aTt, z_out, cka, ckz, params,
                 T, H, dk, config.nudge_period or _NEVER, checkpoint_every, nc, t_begin, n, dk,
-                BK=bk, SAVE_CHAIN=False, NORM_GATE=config.normalize_gate, BUG=bug,
-                DOWNDATE=downdate,
-                PIPELINE=pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-                SPLIT=_gate_split(
-                    split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
-                ),
-                LOAD_PLAIN=split_after_load,
-                NUDGE_BRANCH=_nudge_branch(nudge_branch, bk),
-                num_warps=gate_num_warps or _default_gate_warps(bk), **init,
+                BK=bk, SAVE_CHAIN=False, num_warps=gate_num_warps or _default_gate_warps(bk),
+                **gate_flags, **init,
             )  # fmt: skip
         with _on_stream(side, after=main):
             kernels.vla_state_kernel[(nv, B * H)](
@@ -422,6 +445,29 @@ def _overlap(option: bool | None, split_after_load: bool, save_checkpoints: bool
     if option is not None:
         return bool(option)
     return split_after_load or save_checkpoints
+
+
+def _stream(option: bool | None) -> bool:
+    """Option ``stream_passes`` (default on): the two-pass forward as one launch of
+    :func:`kernels.vla_stream_kernel`, state programs consuming the gates ``_STREAM_BLOCK``
+    tokens behind the gate programs (recurrent gate only)."""
+    return True if option is None else bool(option)
+
+
+#: Tokens per progress count of :func:`kernels.vla_stream_kernel`: the gate programs publish
+#: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and the state programs run at
+#: most ``2·_STREAM_BLOCK`` tokens behind them.
+_STREAM_BLOCK = 8
+
+
+def _shift(option: bool | None, bk: int, dtype: torch.dtype, pipeline: bool, bug: int) -> bool:
+    """The gate kernel's ``SHIFT`` (option ``shift_nudge``): only for the pipelined step
+    without the planted old-gate bug, and never in float64 (the reference-grade path keeps the
+    oracle's order of operations).  Default: BK = 128, where the nudge cannot go under a branch
+    (a tile-valued branch spilled) and its select over the tile is ~20% of the loop."""
+    if not pipeline or bug == kernels.BUG_GATE_FROM_OLD_A or dtype == torch.float64:
+        return False
+    return bk >= 128 if option is None else bool(option)
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
@@ -537,6 +583,7 @@ def _backward_two_pass(
             SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
+            SHIFT=_shift(options["shift_nudge"], bk, q.dtype, options["pipeline_gate"], 0),
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -618,6 +665,8 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             split_after_load=options["split_after_load"],
             gate=options["gate"],
             gate_chunk=options["gate_chunk"],
+            stream_passes=options["stream_passes"],
+            shift_nudge=options["shift_nudge"],
         )
         if save:
             assert ck is not None
@@ -675,6 +724,8 @@ def fused_recurrent_vla(
     split_after_load: bool | None = None,
     gate: str = "recurrent",
     gate_chunk: int | None = None,
+    stream_passes: bool | None = None,
+    shift_nudge: bool | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -742,6 +793,17 @@ def fused_recurrent_vla(
         always take the recurrent gate (a float64 Woodbury chain is not within the float64
         recurrence's error budget).
     gate_chunk : tokens per chunk of the chunked gate (16, 32 or 64; default 16).
+    stream_passes : two-pass forward with the recurrent gate: both passes in one launch
+        (:func:`kernels.vla_stream_kernel`), the state programs reading each block of gates as
+        soon as the gate programs have written it, so that the forward costs about the gate
+        pass alone and is not cut into segments (default on; ``False``: the passes as two
+        kernels, one after the other or overlapped by ``overlap_passes``).  Same result.  Its
+        warps are the gate kernel's (``gate_num_warps``).
+    shift_nudge : pipelined gate, float32 accumulation: keep ``A = B + shift·I`` with the
+        nudges added to the scalar ``shift`` and folded into the tile's diagonal every
+        ``checkpoint_every`` tokens (:func:`kernels._gate_pipelined_t`), instead of a pass over
+        the tile on nudge steps.  Rounds differently (the diagonal gets the nudges in one sum
+        per block), within the same budget.  Default: see :func:`_shift`.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -814,6 +876,8 @@ def fused_recurrent_vla(
         "split_after_load": split_after_load,
         "gate": gate,
         "gate_chunk": gate_chunk,
+        "stream_passes": stream_passes,
+        "shift_nudge": shift_nudge,
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -831,7 +895,7 @@ class TritonFusedBackend(Backend):
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
     ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
-    ``gate_chunk`` (see :func:`fused_recurrent_vla`).
+    ``gate_chunk``, ``stream_passes``, ``shift_nudge`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -857,6 +921,8 @@ class TritonFusedBackend(Backend):
             "split_after_load": None,
             "gate": "recurrent",
             "gate_chunk": None,
+            "stream_passes": None,
+            "shift_nudge": None,
         },
     )
 
@@ -902,5 +968,7 @@ class TritonFusedBackend(Backend):
             split_after_load=self.options["split_after_load"],
             gate=str(self.options["gate"]),
             gate_chunk=self.options["gate_chunk"],
+            stream_passes=self.options["stream_passes"],
+            shift_nudge=self.options["shift_nudge"],
         )
         return o, tuple(x.to(q.dtype) for x in state)

@@ -347,6 +347,8 @@ def _gate_pipelined_t(
     DOWNDATE: tl.constexpr,
     SPLIT: tl.constexpr = 1,
     NUDGE_BRANCH: tl.constexpr = False,
+    shift=0.0,
+    SHIFT: tl.constexpr = False,
 ):
     """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
 
@@ -355,7 +357,14 @@ def _gate_pipelined_t(
     reduction), and ``u_{t+1}ᵀs_{t+1}`` joins ``‖α_t‖²`` and ``α_tᵀq`` in a second: two
     dependent reductions per token instead of four, with the same operations on the same
     numbers as :func:`_gate_t`.  Returns ``_gate_t``'s seven values and ``(s_{t+1},
-    1 + u_{t+1}ᵀs_{t+1})``.  (The planted bug BUG_GATE_FROM_OLD_A is not supported here.)
+    1 + u_{t+1}ᵀs_{t+1})``, and the shift.  (The planted bug BUG_GATE_FROM_OLD_A is not
+    supported here.)
+
+    ``SHIFT``: the tile holds ``B`` with ``A = B + shift·I``; the downdate goes into ``B``, the
+    nudge into the scalar ``shift``, and both products take the shift as one more term,
+    ``A k̂ = B k̂ + shift·k̂``.  The nudge then costs no pass over the tile (a select and an add
+    per entry, a fifth of the loop's instructions at BK = 128 in the offline SASS); the caller
+    folds the shift into the diagonal every CK tokens, so it stays a few ``η``.
     """
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -368,7 +377,9 @@ def _gate_pipelined_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    if NUDGE_BRANCH:
+    if SHIFT:
+        shift = shift + eta
+    elif NUDGE_BRANCH:
         # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
         # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
         if nudge:
@@ -376,6 +387,9 @@ def _gate_pipelined_t(
     else:
         At = At + tl.where(eye, eta, 0.0)
     alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
+    if SHIFT:
+        alpha = alpha + shift * kh
+        s_next = s_next + shift * u_next
     aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
     anorm = _sqrt(aa, ACC)
     if NORM_GATE:
@@ -385,7 +399,7 @@ def _gate_pipelined_t(
     else:
         ah = alpha
         ahq = aq
-    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us
+    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, shift
 
 
 @triton.jit
@@ -584,8 +598,9 @@ def vla_fwd_kernel(
         tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
 
 
-@triton.jit(do_not_specialize=["a_stride"])
-def vla_gate_kernel(
+@triton.jit
+def _gate_pass(
+    i_bh,
     q_ptr,
     k_ptr,
     u_ptr,
@@ -618,30 +633,18 @@ def vla_gate_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
-    PIPELINE: tl.constexpr = False,
-    SPLIT: tl.constexpr = 1,
-    NUDGE_BRANCH: tl.constexpr = False,
-    LOAD_PLAIN: tl.constexpr = False,
+    PIPELINE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    NUDGE_BRANCH: tl.constexpr,
+    LOAD_PLAIN: tl.constexpr,
+    SHIFT: tl.constexpr,
+    progress_ptr,
+    PUBLISH: tl.constexpr,
 ):
-    """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
-    over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
+    """The body of :func:`vla_gate_kernel` for the (b, h) ``i_bh`` (int64); with ``PUBLISH`` > 0
+    it also stores, every ``PUBLISH`` tokens, how many tokens' gates are written to
+    ``progress_ptr[i_bh]`` (int32, release), for :func:`vla_stream_kernel`'s state programs."""
 
-    Only ``Aᵀ`` ``[BK, BK]`` and ``z`` live in registers, so at dk = 128 ``A`` can take a whole
-    program's registers without the ``S`` tile competing for them.  Writes, per token, ``k̂``
-    and ``α̂`` to ``kh``, ``ah`` ``[B·H, n_steps, BK]`` (``ACC``, zero past ``DK``) and ``(α̂ᵀq,
-    z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``: everything the state pass
-    (:func:`vla_state_kernel`) and the state backward (:func:`vla_state_bwd_kernel`) need.
-    Starts from ``(a0, z0)`` ``[B, H, ...]`` (``HAS_INIT``) or the spec defaults; writes the last
-    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does, plus the last
-    state into slot ``NC`` (the end of the last chunk, for :func:`vla_gate_bwd_kernel`) — every
-    ``A`` transposed in memory (module docstring).  With ``SAVE_CHAIN`` (the backward's rerun)
-    also the Sherman–Morrison vectors ``s`` to ``sv`` ``[B·H, n_steps, BK]`` and ``(1 + uᵀs, δ,
-    ‖α‖, ‖k‖)`` to ``cs`` ``[B·H, n_steps, 4]``.  The backward
-    reruns it from a checkpoint, one segment at a time.  ``a_stride`` = ``DK``, read only with
-    ``LOAD_PLAIN``.  ``PIPELINE``: the step of
-    :func:`_gate_pipelined_t` (two dependent reductions per token instead of four).
-    """
-    i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     ok = tl.arange(0, BK)
@@ -681,53 +684,281 @@ def vla_gate_kernel(
         # that uses it left its latency on the critical path: gate_anatomy.json)
         nk = base_k + tl.minimum(t_begin + 1, t_last) * stride_k
         u_nn = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-    for i in range(n_steps):
-        t = t_begin + i
-        q_t = q_n
-        k_t = k_n
-        u_t = u_n
-        nk = base_k + tl.minimum(t + 1, t_last) * stride_k
-        q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-        k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-        if PIPELINE:
-            u_n = u_nn
-            nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
-            u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
-        else:
-            u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+    # Blocks of CK tokens when there is something to do once per block: t_begin is a multiple
+    # of CK, so every block starts at a checkpoint, stored before the block's inner loop (a
+    # tile store under a branch in the token loop cost the BK = 128 loop 200 spilled
+    # instructions per token in the offline SASS).  SHIFT: A = B + shift·I, B takes the
+    # downdates, the nudges go into the scalar shift, which is folded into the tile's
+    # diagonal at the end of each block (so the checkpoints see shift = 0).
+    shift = lam * 0.0
+    if SHIFT or SAVE_CKPT:
+        block = CK
+    else:
+        block = n_steps
+    for i0 in range(0, n_steps, block):
         if SAVE_CKPT:
-            if t % CK == 0:
-                c = (i_bh * (NC + 1) + t // CK).to(tl.int64)
-                tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
-                tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-        if PIPELINE:
-            A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n = _gate_pipelined_t(
-                A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
-                norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
-            )  # fmt: skip
-        else:
-            A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
-                A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
-                NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
-            )  # fmt: skip
-        tl.store(kh_row + i * BK + ok, kh)
-        tl.store(ah_row + i * BK + ok, ah)
-        tl.store(sc_row + 2 * i, ahq)
-        tl.store(sc_row + 2 * i + 1, zq)
-        if SAVE_CHAIN:
-            tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
-            cs = cs_ptr + (i_bh * n_steps + i) * 4
-            tl.store(cs, delta_raw)
-            tl.store(cs + 1, delta)
-            tl.store(cs + 2, anorm)
-            tl.store(cs + 3, knorm)
+            c = (i_bh * (NC + 1) + (t_begin + i0) // CK).to(tl.int64)
+            tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
+            tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+        for i in range(i0, tl.minimum(i0 + block, n_steps)):
+            t = t_begin + i
+            q_t = q_n
+            k_t = k_n
+            u_t = u_n
+            nk = base_k + tl.minimum(t + 1, t_last) * stride_k
+            q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+            k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+            if PIPELINE:
+                u_n = u_nn
+                nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
+                u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+            else:
+                u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+            z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
+            if PIPELINE:
+                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, shift = _gate_pipelined_t(
+                    A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
+                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH, shift, SHIFT,
+                )  # fmt: skip
+            else:
+                A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
+                    A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
+                    NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
+                )  # fmt: skip
+            tl.store(kh_row + i * BK + ok, kh)
+            tl.store(ah_row + i * BK + ok, ah)
+            tl.store(sc_row + 2 * i, ahq)
+            tl.store(sc_row + 2 * i + 1, zq)
+            if SAVE_CHAIN:
+                tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
+                cs = cs_ptr + (i_bh * n_steps + i) * 4
+                tl.store(cs, delta_raw)
+                tl.store(cs + 1, delta)
+                tl.store(cs + 2, anorm)
+                tl.store(cs + 3, knorm)
+            if PUBLISH > 0:
+                if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
+                    # tokens <= i are stored by every thread (the barrier) before one thread
+                    # releases the count to the state programs waiting on it (_wait_for)
+                    tl.debug_barrier()
+                    tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+        if SHIFT:
+            A = A + tl.where(eye, shift, 0.0)
+            shift = lam * 0.0
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
     if SAVE_CKPT:
         c = (i_bh * (NC + 1) + NC).to(tl.int64)
         tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
         tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+
+
+@triton.jit(do_not_specialize=["a_stride"])
+def vla_gate_kernel(
+    q_ptr,
+    k_ptr,
+    u_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    sv_ptr,
+    cs_ptr,
+    a0_ptr,
+    z0_ptr,
+    aT_ptr,
+    zT_ptr,
+    cka_ptr,
+    ckz_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    nudge_period,
+    CK,
+    NC,
+    t_begin,
+    n_steps,
+    a_stride,
+    BK: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    SAVE_CHAIN: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+    PIPELINE: tl.constexpr = False,
+    SPLIT: tl.constexpr = 1,
+    NUDGE_BRANCH: tl.constexpr = False,
+    LOAD_PLAIN: tl.constexpr = False,
+    SHIFT: tl.constexpr = False,
+):
+    """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
+    over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
+
+    Only ``Aᵀ`` ``[BK, BK]`` and ``z`` live in registers, so at dk = 128 ``A`` can take a whole
+    program's registers without the ``S`` tile competing for them.  Writes, per token, ``k̂``
+    and ``α̂`` to ``kh``, ``ah`` ``[B·H, n_steps, BK]`` (``ACC``, zero past ``DK``) and ``(α̂ᵀq,
+    z_tᵀq)`` to ``sc`` ``[B·H, n_steps, 2]``: everything the state pass
+    (:func:`vla_state_kernel`) and the state backward (:func:`vla_state_bwd_kernel`) need.
+    Starts from ``(a0, z0)`` ``[B, H, ...]`` (``HAS_INIT``) or the spec defaults; writes the last
+    ``A, z`` and (``SAVE_CKPT``) the checkpoints as :func:`vla_fwd_kernel` does, plus the last
+    state into slot ``NC`` (the end of the last chunk, for :func:`vla_gate_bwd_kernel`) — every
+    ``A`` transposed in memory (module docstring).  With ``SAVE_CHAIN`` (the backward's rerun)
+    also the Sherman–Morrison vectors ``s`` to ``sv`` ``[B·H, n_steps, BK]`` and ``(1 + uᵀs, δ,
+    ‖α‖, ‖k‖)`` to ``cs`` ``[B·H, n_steps, 4]``.  The backward
+    reruns it from a checkpoint, one segment at a time.  ``a_stride`` = ``DK``, read only with
+    ``LOAD_PLAIN``.  ``PIPELINE``: the step of
+    :func:`_gate_pipelined_t` (two dependent reductions per token instead of four).
+    """
+    _gate_pass(
+        tl.program_id(0).to(tl.int64),
+        q_ptr,
+        k_ptr,
+        u_ptr,
+        kh_ptr,
+        ah_ptr,
+        sc_ptr,
+        sv_ptr,
+        cs_ptr,
+        a0_ptr,
+        z0_ptr,
+        aT_ptr,
+        zT_ptr,
+        cka_ptr,
+        ckz_ptr,
+        p_ptr,
+        T,
+        H,
+        DK,
+        nudge_period,
+        CK,
+        NC,
+        t_begin,
+        n_steps,
+        a_stride,
+        BK,
+        HAS_INIT,
+        SAVE_CKPT,
+        SAVE_CHAIN,
+        NORM_GATE,
+        ACC,
+        BUG,
+        DOWNDATE,
+        PIPELINE,
+        SPLIT,
+        NUDGE_BRANCH,
+        LOAD_PLAIN,
+        SHIFT,
+        p_ptr,  # unused: PUBLISH = 0
+        0,
+    )
+
+
+@triton.jit
+def _wait_for(ptr, need):
+    """Spin until the int32 at ``ptr`` is at least ``need`` (acquire: what its writer stored
+    before releasing the count is visible after).  Only :func:`vla_stream_kernel` calls it,
+    where the writer is a program that started earlier (its ticket), so it always finishes."""
+    seen = tl.atomic_add(ptr, 0, sem="acquire")
+    while seen < need:
+        seen = tl.atomic_add(ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _state_pass(
+    i_v,
+    i_bh,
+    q_ptr,
+    v_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    o_ptr,
+    s0_ptr,
+    sT_ptr,
+    cks_ptr,
+    p_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    CK,
+    NC,
+    t_begin,
+    n_steps,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    progress_ptr,
+    WAIT: tl.constexpr,
+    GATE_CACHE: tl.constexpr,
+):
+    """The body of :func:`vla_state_kernel` for value block ``i_v`` of the (b, h) ``i_bh``
+    (int64).  With ``WAIT`` > 0 it reads the gates only after ``progress_ptr[i_bh]`` says the
+    gate program has written them, ``WAIT`` tokens at a time (:func:`vla_stream_kernel`), and
+    ``GATE_CACHE`` (".cg") keeps those loads out of the L1, which is not coherent with the
+    writer's SM."""
+
+    i_b = i_bh // H
+    i_h = i_bh % H
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    mk = ok < DK
+    mv = ov < DV
+    m_vk = mk[:, None] & mv[None, :]
+    off_vk = ok[:, None] * DV + ov[None, :]  # Sᵀ [DK, DV] in memory and in the tile
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    if HAS_INIT:
+        S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    stride_k = H * DK
+    stride_v = H * DV
+    kh_row = kh_ptr + i_bh * n_steps * BK
+    ah_row = ah_ptr + i_bh * n_steps * BK
+    sc_row = sc_ptr + i_bh * n_steps * 2
+    q_n = tl.load(q_ptr + base_k + t_begin * stride_k + ok, mask=mk, other=0.0).to(ACC)
+    v_n = tl.load(v_ptr + base_v + t_begin * stride_v + ov, mask=mv, other=0.0).to(ACC)
+    if WAIT > 0:
+        _wait_for(progress_ptr + i_bh, tl.minimum(WAIT + 1, n_steps))
+    kh_n = tl.load(kh_row + ok, cache_modifier=GATE_CACHE)
+    ah_n = tl.load(ah_row + ok, cache_modifier=GATE_CACHE)
+    ahq_n = tl.load(sc_row, cache_modifier=GATE_CACHE)
+    zq_n = tl.load(sc_row + 1, cache_modifier=GATE_CACHE)
+    for i in range(n_steps):
+        t = t_begin + i
+        q_t = q_n
+        v_t = v_n
+        kh = kh_n
+        ah = ah_n
+        ahq = ahq_n
+        zq = zq_n
+        i_next = tl.minimum(i + 1, n_steps - 1)
+        t_next = t_begin + i_next
+        q_n = tl.load(q_ptr + base_k + t_next * stride_k + ok, mask=mk, other=0.0).to(ACC)
+        v_n = tl.load(v_ptr + base_v + t_next * stride_v + ov, mask=mv, other=0.0).to(ACC)
+        if WAIT > 0:
+            if (i % WAIT == 0) & (i > 0):
+                # the loads below run one token ahead: wait for the gates of the next block
+                _wait_for(progress_ptr + i_bh, tl.minimum(i + WAIT + 1, n_steps))
+        kh_n = tl.load(kh_row + i_next * BK + ok, cache_modifier=GATE_CACHE)
+        ah_n = tl.load(ah_row + i_next * BK + ok, cache_modifier=GATE_CACHE)
+        ahq_n = tl.load(sc_row + 2 * i_next, cache_modifier=GATE_CACHE)
+        zq_n = tl.load(sc_row + 2 * i_next + 1, cache_modifier=GATE_CACHE)
+        if SAVE_CKPT:
+            if t % CK == 0:
+                c = (i_bh * NC + t // CK).to(tl.int64)
+                tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
+        Sk, Sq = _state_read_t(S, kh, q_t)
+        S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
+        tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
+    tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
 
 
 @triton.jit
@@ -765,58 +996,120 @@ def vla_state_kernel(
     one paired reduction per token.  Writes ``o`` ``[B, T, H, DV]`` (input dtype), the final
     ``S`` and (``SAVE_CKPT``) its checkpoints, ``Sᵀ`` ``[DK, DV]`` in memory like ``s0``.
     """
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    m_vk = mk[:, None] & mv[None, :]
-    off_vk = ok[:, None] * DV + ov[None, :]  # Sᵀ [DK, DV] in memory and in the tile
-    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
-    if HAS_INIT:
-        S = tl.load(s0_ptr + i_bh * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
+    _state_pass(
+        tl.program_id(0),
+        tl.program_id(1).to(tl.int64),
+        q_ptr,
+        v_ptr,
+        kh_ptr,
+        ah_ptr,
+        sc_ptr,
+        o_ptr,
+        s0_ptr,
+        sT_ptr,
+        cks_ptr,
+        p_ptr,
+        T,
+        H,
+        DK,
+        DV,
+        CK,
+        NC,
+        t_begin,
+        n_steps,
+        BK,
+        BV,
+        HAS_INIT,
+        SAVE_CKPT,
+        NORM_OUT,
+        ACC,
+        p_ptr,  # unused: WAIT = 0
+        0,
+        "",
+    )
+
+
+@triton.jit(do_not_specialize=["a_stride"])
+def vla_stream_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    u_ptr,
+    o_ptr,
+    kh_ptr,
+    ah_ptr,
+    sc_ptr,
+    a0_ptr,
+    z0_ptr,
+    s0_ptr,
+    aT_ptr,
+    zT_ptr,
+    sT_ptr,
+    cka_ptr,
+    ckz_ptr,
+    cks_ptr,
+    p_ptr,
+    ticket_ptr,
+    progress_ptr,
+    T,
+    H,
+    DK,
+    DV,
+    nudge_period,
+    CK,
+    NC,
+    t_begin,
+    n_steps,
+    a_stride,
+    BH,
+    NV,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
+    NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr,
+    PIPELINE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    NUDGE_BRANCH: tl.constexpr,
+    LOAD_PLAIN: tl.constexpr,
+    SHIFT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """The two-pass forward in ONE launch, its passes running side by side: grid
+    ``(B·H·(1 + NV),)``, ``B·H`` gate programs (:func:`_gate_pass`) and ``NV·B·H`` state
+    programs (:func:`_state_pass`) that consume the gates ``BLOCK_T`` tokens behind them.
+
+    The forward then costs about the gate pass alone (the state pass is the faster of the two)
+    and nothing is cut into segments, so every gate program starts from ``I/lambda0`` in
+    registers and keeps its split sums.  Roles go by a ticket (``ticket_ptr``, int32, zero at
+    launch) taken when a program starts, not by its program id: the first ``B·H`` programs to
+    start are the gate programs, so a state program only ever waits for a program that is
+    already running, whatever the order the hardware starts them in (the single-pass scan's
+    argument), and under ``TRITON_INTERPRET=1``, which runs programs one after another, every
+    gate program has finished before the first state program starts.  ``progress_ptr``
+    ``[B·H]`` (int32, zero at launch): tokens whose gates are written, per (b, h).  Same
+    arguments otherwise as the two kernels; same operations, hence the same bits.
+    """
+    role = tl.atomic_add(ticket_ptr, 1)
+    if role < BH:
+        _gate_pass(
+            role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, kh_ptr, sc_ptr,
+            a0_ptr, z0_ptr, aT_ptr, zT_ptr, cka_ptr, ckz_ptr, p_ptr, T, H, DK, nudge_period,
+            CK, NC, t_begin, n_steps, a_stride, BK, HAS_INIT, SAVE_CKPT, False, NORM_GATE, ACC,
+            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, SHIFT, progress_ptr,
+            BLOCK_T,
+        )  # fmt: skip
     else:
-        S = tl.zeros([BK, BV], dtype=ACC)
-    base_k = (i_b * T * H + i_h) * DK
-    base_v = (i_b * T * H + i_h) * DV
-    stride_k = H * DK
-    stride_v = H * DV
-    kh_row = kh_ptr + i_bh * n_steps * BK
-    ah_row = ah_ptr + i_bh * n_steps * BK
-    sc_row = sc_ptr + i_bh * n_steps * 2
-    q_n = tl.load(q_ptr + base_k + t_begin * stride_k + ok, mask=mk, other=0.0).to(ACC)
-    v_n = tl.load(v_ptr + base_v + t_begin * stride_v + ov, mask=mv, other=0.0).to(ACC)
-    kh_n = tl.load(kh_row + ok)
-    ah_n = tl.load(ah_row + ok)
-    ahq_n = tl.load(sc_row)
-    zq_n = tl.load(sc_row + 1)
-    for i in range(n_steps):
-        t = t_begin + i
-        q_t = q_n
-        v_t = v_n
-        kh = kh_n
-        ah = ah_n
-        ahq = ahq_n
-        zq = zq_n
-        i_next = tl.minimum(i + 1, n_steps - 1)
-        t_next = t_begin + i_next
-        q_n = tl.load(q_ptr + base_k + t_next * stride_k + ok, mask=mk, other=0.0).to(ACC)
-        v_n = tl.load(v_ptr + base_v + t_next * stride_v + ov, mask=mv, other=0.0).to(ACC)
-        kh_n = tl.load(kh_row + i_next * BK + ok)
-        ah_n = tl.load(ah_row + i_next * BK + ok)
-        ahq_n = tl.load(sc_row + 2 * i_next)
-        zq_n = tl.load(sc_row + 2 * i_next + 1)
-        if SAVE_CKPT:
-            if t % CK == 0:
-                c = (i_bh * NC + t // CK).to(tl.int64)
-                tl.store(cks_ptr + c * DV * DK + off_vk, S, mask=m_vk)
-        Sk, Sq = _state_read_t(S, kh, q_t)
-        S, o = _state_write_t(S, Sk, Sq, ah, ahq, zq, v_t, out_eps, NORM_OUT, ACC)
-        tl.store(o_ptr + base_v + t * stride_v + ov, o.to(o_ptr.dtype.element_ty), mask=mv)
-    tl.store(sT_ptr + i_bh * DV * DK + off_vk, S, mask=m_vk)
+        r = role - BH
+        _state_pass(
+            r % NV, (r // NV).to(tl.int64), q_ptr, v_ptr, kh_ptr, ah_ptr, sc_ptr, o_ptr, s0_ptr,
+            sT_ptr, cks_ptr, p_ptr, T, H, DK, DV, CK, NC, t_begin, n_steps, BK, BV, HAS_INIT,
+            SAVE_CKPT, NORM_OUT, ACC, progress_ptr, BLOCK_T, ".cg",
+        )  # fmt: skip
 
 
 @triton.jit
