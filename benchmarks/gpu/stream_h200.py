@@ -7,7 +7,9 @@ recurrent DPLR kernel, B = 1, H = 16, bf16.
 1. Correctness, before any time is taken (the JSON is rewritten after every step, so a run
    cut short keeps what it measured):
    - the streamed forward against the two kernels (``stream_passes=False``): outputs, final
-     state and, through a training forward, every gradient bit for bit (same operations);
+     state and, through a training forward, every gradient, within 1e-2 of each tensor's
+     largest entry (a race detector: bitwise in the interpreter, not on the GPU, where the
+     kernels are compiled apart);
    - ``validate`` (spec §4 budgets) with ``shift_nudge=True`` at every width up to dk = 128, in
      float32 and bfloat16, for the paper preset and a nudge at every step;
    - T = 65536, D = 128 (shifted nudge, streamed) finite.
@@ -65,14 +67,26 @@ def main() -> int:
             runs.append([o, *st, *grads])
             log(f"D={D} stream={stream}: {time.time() - t0:.1f} s")
         same = all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+        # Not bitwise on the GPU: the two kernels and the streamed one are compiled apart (and
+        # without streaming, D = 64 runs 8 overlapped segments), so sums may round in another
+        # order.  A race (a gate read before it is written) would show as garbage, not as
+        # rounding: each difference, relative to the tensor's largest entry, must stay below
+        # 1e-2 (validate, below, is the precision gate).
+        rel = [float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+               for a, b in zip(*runs, strict=True)]  # fmt: skip
+        result["correctness"][f"stream_vs_two_kernels_rel_diff_D{D}"] = rel
+        close = all(r < 1e-2 for r in rel)
         shift_diff = None
         if D == 128:
-            o_ns = tf.fused_recurrent_vla(*xs, shift_nudge=False)[0]
+            o_ns = tf.fused_recurrent_vla(*xs, shift_nudge=False)[0].detach()
             shift_diff = float((o_ns.float() - runs[1][0].float()).abs().max())
         result["correctness"][f"stream_same_bits_D{D}"] = same
         result["correctness"][f"shift_vs_select_max_abs_o_D{D}"] = shift_diff
-        ok &= same
-        log(f"D={D}: streamed == two kernels (fwd, grads): {same}; shift vs select {shift_diff}")
+        ok &= close
+        log(
+            f"D={D}: streamed == two kernels (fwd, grads): bits {same}, rel. diff {rel}; "
+            f"shift vs select {shift_diff}"
+        )
         save()
     # -- 1b. validate with the shifted nudge at every width ----------------------------------
     if not args.skip_validate:
