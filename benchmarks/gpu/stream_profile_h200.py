@@ -56,7 +56,7 @@ def main() -> int:
             opts = dict(opts)
             block = opts.pop("_block", 8)
 
-            def fn(opts=opts, block=block):  # type: ignore[no-untyped-def]
+            def fn(opts=opts, block=block, xs=xs):  # type: ignore[no-untyped-def]
                 saved, tf._STREAM_BLOCK = tf._STREAM_BLOCK, block
                 try:
                     return tf.fused_recurrent_vla(*xs, **opts)
