@@ -245,9 +245,6 @@ FORWARD_REGROUPINGS = {
     "branch_nudge": {"nudge_branch": True},
     "split2": {"split_sums": 2},
     "split_after_load": {"split_after_load": True, "forward_segment": 4},
-    # the nudges in a scalar shift, folded into the diagonal every 4 tokens (checkpoints too)
-    "shift_nudge": {"shift_nudge": True, "checkpoint_every": 4, "forward_segment": 8},
-    "shift_nudge_one_block": {"shift_nudge": True},
 }
 
 
@@ -310,20 +307,10 @@ def test_chunked_gate_float64_keeps_the_recurrent_gate() -> None:
     assert torch.equal(o1, o2)
 
 
-def test_validate_shift_nudge_nudging_every_step() -> None:
-    """The hardest case for the scalar shift: a nudge of 0.05 at every step, so the shift grows
-    to 24 nudges over one block of the default 64 tokens before it reaches the diagonal."""
-    fn = _kernel(schedule="two_pass", shift_nudge=True)
-    for dtype in ("float32", "bfloat16"):
-        report = _validate_small(fn, CONFIGS["nudge_every_step"], dtype, seed=19)
-        assert report.passed, report.summary()
-
-
 STREAM_CASES = {
     "one_launch": {},
     "segments_and_checkpoints": {"forward_segment": 4, "checkpoint_every": 4},
-    "split_after_load_shift": {"forward_segment": 4, "checkpoint_every": 2,
-                               "split_after_load": True, "shift_nudge": True},
+    "split_after_load": {"forward_segment": 4, "checkpoint_every": 2, "split_after_load": True},
 }  # fmt: skip
 
 
@@ -448,7 +435,6 @@ TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
         "two_pass",
         "two_pass_pipelined_gate",
         "two_pass_split_after_load",
-        "two_pass_shift_nudge",
     ],
 )
 def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
@@ -459,7 +445,6 @@ def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> No
         "two_pass": TWO_PASS,
         "two_pass_pipelined_gate": {**TWO_PASS, "pipeline_gate": True},
         "two_pass_split_after_load": {**TWO_PASS, "split_after_load": True},
-        "two_pass_shift_nudge": {**TWO_PASS, "shift_nudge": True},
     }[schedule]
     # Seed 5: per slice, the float32 du ratio (kernel error / 2x the torch float32 error on the
     # same example) has a tail at seeds 3-5 of paper_nudge4 — fused 0.65 / 1.24 / 0.51, two-pass
@@ -515,16 +500,13 @@ def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
 # -- the checks can fail: planted bugs -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "schedule", ["fused", "two_pass", "pipelined_gate", "shift_nudge", "chunked_gate"]
-)
+@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate", "chunked_gate"])
 @pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
 def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
     options = {
         "schedule": "fused" if schedule == "fused" else "two_pass",
-        "pipeline_gate": schedule in ("pipelined_gate", "shift_nudge"),
+        "pipeline_gate": schedule == "pipelined_gate",
         "gate": "chunked" if schedule == "chunked_gate" else "recurrent",
-        "shift_nudge": schedule == "shift_nudge",
     }
     fn = _kernel(planted_bug=bug, **options)
     case = _case(6, T=10, state=False)

@@ -100,18 +100,35 @@ def _acc(dtype: torch.dtype) -> tuple[torch.dtype, Any]:
     return torch.float32, tl.float32
 
 
+_PARAMS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
 def _params(config: VLAConfig, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(
-        [config.lambda0, config.sm_floor, config.nudge_eta, config.out_eps, config.norm_eps],
-        dtype=dtype,
-        device=device,
-    )
+    """The configuration scalars as a device tensor, made once per (config, dtype, device):
+    a host-to-device copy per call sat on the GPU timeline and in the host time before the
+    first launch.  The kernels only read it."""
+    values = (config.lambda0, config.sm_floor, config.nudge_eta, config.out_eps, config.norm_eps)
+    key = (values, dtype, device)
+    if key not in _PARAMS:
+        if len(_PARAMS) > 64:  # many configs (a property search): do not grow without bound
+            _PARAMS.clear()
+        _PARAMS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return _PARAMS[key]
 
 
 def _default_block_v(
-    B: int, H: int, dk: int, dv: int, device: torch.device, two_pass: bool = False
+    B: int,
+    H: int,
+    dk: int,
+    dv: int,
+    device: torch.device,
+    two_pass: bool = False,
+    stream: bool = False,
 ) -> int:
-    """Value rows per program: split dv until B·H·NV programs fill the SMs.
+    """Value rows per program: split dv until B·H·NV programs fill the SMs (with ``stream``,
+    B·H·(1 + NV): the streamed forward's gate programs run beside them, and a gate program that
+    shares its SM with a state program is slowed: D = 128, T = 4096 on the H200, 8.11 ms with
+    NV = 8, 144 programs on 132 SMs, against 6.53 ms with NV = 4, ``stream_profile.json``).
 
     Fused: each program redoes the dk×dk penalty chain, which costs no wall time while SMs
     would otherwise idle.  Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the
@@ -123,7 +140,8 @@ def _default_block_v(
         return bv
     least = 32 if dk > 64 and not two_pass else 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    while bv > least and B * H * triton.cdiv(dv, bv // 2) <= sms:
+    gates = B * H if stream else 0
+    while bv > least and gates + B * H * triton.cdiv(dv, bv // 2) <= sms:
         bv //= 2
     return bv
 
@@ -233,7 +251,6 @@ def _forward(
     gate: str = "recurrent",
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
-    shift_nudge: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -245,7 +262,10 @@ def _forward(
     chunked_gate = two_pass and gate == "chunked" and q.dtype != torch.float64
     # tl.dot needs every dimension >= 16: the chunked gate pads dk to 16 (the state pass follows)
     bk = max(16, _pow2(dk)) if chunked_gate else _pow2(dk)
-    bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass)
+    # One launch in which the state programs follow the gate programs (vla_stream_kernel);
+    # otherwise the passes one after the other, or overlapped by segments on two streams.
+    stream = two_pass and _stream(stream_passes) and not chunked_gate
+    bv = block_v if block_v is not None else _default_block_v(B, H, dk, dv, dev, two_pass, stream)
     nv = triton.cdiv(dv, bv)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     sT = torch.empty(B, H, dv, dk, dtype=acc, device=dev)
@@ -288,9 +308,6 @@ def _forward(
     # segment i + 1 (the gate pass holds B·H SMs, the state pass NV·B·H more): the forward then
     # costs about the gate pass plus one segment's state pass, not the sum of the two.
     split_after_load = _split_after_load(split_after_load, _pow2(dk))
-    # One launch in which the state programs follow the gate programs (vla_stream_kernel);
-    # otherwise the passes one after the other, or overlapped by segments on two streams.
-    stream = _stream(stream_passes) and not chunked_gate
     overlap = (
         not stream
         and _overlap(overlap_passes, split_after_load, save_checkpoints)
@@ -328,7 +345,6 @@ def _forward(
                 split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
             ),
             "LOAD_PLAIN": split_after_load, "NUDGE_BRANCH": _nudge_branch(nudge_branch, bk),
-            "SHIFT": _shift(shift_nudge, bk, q.dtype, pipeline_gate, bug),
         }  # fmt: skip
         if stream:
             # [0]: the ticket that assigns roles; [1:]: tokens done per (b, h); both start at 0
@@ -457,17 +473,7 @@ def _stream(option: bool | None) -> bool:
 #: Tokens per progress count of :func:`kernels.vla_stream_kernel`: the gate programs publish
 #: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and the state programs run at
 #: most ``2·_STREAM_BLOCK`` tokens behind them.
-_STREAM_BLOCK = 8
-
-
-def _shift(option: bool | None, bk: int, dtype: torch.dtype, pipeline: bool, bug: int) -> bool:
-    """The gate kernel's ``SHIFT`` (option ``shift_nudge``): only for the pipelined step
-    without the planted old-gate bug, and never in float64 (the reference-grade path keeps the
-    oracle's order of operations).  Default: BK = 128, where the nudge cannot go under a branch
-    (a tile-valued branch spilled) and its select over the tile is ~20% of the loop."""
-    if not pipeline or bug == kernels.BUG_GATE_FROM_OLD_A or dtype == torch.float64:
-        return False
-    return bk >= 128 if option is None else bool(option)
+_STREAM_BLOCK = 32
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
@@ -583,7 +589,6 @@ def _backward_two_pass(
             SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
-            SHIFT=_shift(options["shift_nudge"], bk, q.dtype, options["pipeline_gate"], 0),
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -666,7 +671,6 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             gate=options["gate"],
             gate_chunk=options["gate_chunk"],
             stream_passes=options["stream_passes"],
-            shift_nudge=options["shift_nudge"],
         )
         if save:
             assert ck is not None
@@ -725,7 +729,6 @@ def fused_recurrent_vla(
     gate: str = "recurrent",
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
-    shift_nudge: bool | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -799,11 +802,6 @@ def fused_recurrent_vla(
         pass alone and is not cut into segments (default on; ``False``: the passes as two
         kernels, one after the other or overlapped by ``overlap_passes``).  Same result.  Its
         warps are the gate kernel's (``gate_num_warps``).
-    shift_nudge : pipelined gate, float32 accumulation: keep ``A = B + shift·I`` with the
-        nudges added to the scalar ``shift`` and folded into the tile's diagonal every
-        ``checkpoint_every`` tokens (:func:`kernels._gate_pipelined_t`), instead of a pass over
-        the tile on nudge steps.  Rounds differently (the diagonal gets the nudges in one sum
-        per block), within the same budget.  Default: see :func:`_shift`.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -877,7 +875,6 @@ def fused_recurrent_vla(
         "gate": gate,
         "gate_chunk": gate_chunk,
         "stream_passes": stream_passes,
-        "shift_nudge": shift_nudge,
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -895,7 +892,7 @@ class TritonFusedBackend(Backend):
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
     ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
-    ``gate_chunk``, ``stream_passes``, ``shift_nudge`` (see :func:`fused_recurrent_vla`).
+    ``gate_chunk``, ``stream_passes`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -922,7 +919,6 @@ class TritonFusedBackend(Backend):
             "gate": "recurrent",
             "gate_chunk": None,
             "stream_passes": None,
-            "shift_nudge": None,
         },
     )
 
@@ -969,6 +965,5 @@ class TritonFusedBackend(Backend):
             gate=str(self.options["gate"]),
             gate_chunk=self.options["gate_chunk"],
             stream_passes=self.options["stream_passes"],
-            shift_nudge=self.options["shift_nudge"],
         )
         return o, tuple(x.to(q.dtype) for x in state)

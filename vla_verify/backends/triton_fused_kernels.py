@@ -347,8 +347,6 @@ def _gate_pipelined_t(
     DOWNDATE: tl.constexpr,
     SPLIT: tl.constexpr = 1,
     NUDGE_BRANCH: tl.constexpr = False,
-    shift=0.0,
-    SHIFT: tl.constexpr = False,
 ):
     """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
 
@@ -357,14 +355,7 @@ def _gate_pipelined_t(
     reduction), and ``u_{t+1}ᵀs_{t+1}`` joins ``‖α_t‖²`` and ``α_tᵀq`` in a second: two
     dependent reductions per token instead of four, with the same operations on the same
     numbers as :func:`_gate_t`.  Returns ``_gate_t``'s seven values and ``(s_{t+1},
-    1 + u_{t+1}ᵀs_{t+1})``, and the shift.  (The planted bug BUG_GATE_FROM_OLD_A is not
-    supported here.)
-
-    ``SHIFT``: the tile holds ``B`` with ``A = B + shift·I``; the downdate goes into ``B``, the
-    nudge into the scalar ``shift``, and both products take the shift as one more term,
-    ``A k̂ = B k̂ + shift·k̂``.  The nudge then costs no pass over the tile (a select and an add
-    per entry, a fifth of the loop's instructions at BK = 128 in the offline SASS); the caller
-    folds the shift into the diagonal every CK tokens, so it stays a few ``η``.
+    1 + u_{t+1}ᵀs_{t+1})``.  (The planted bug BUG_GATE_FROM_OLD_A is not supported here.)
     """
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -377,9 +368,7 @@ def _gate_pipelined_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    if SHIFT:
-        shift = shift + eta
-    elif NUDGE_BRANCH:
+    if NUDGE_BRANCH:
         # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
         # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
         if nudge:
@@ -387,9 +376,6 @@ def _gate_pipelined_t(
     else:
         At = At + tl.where(eye, eta, 0.0)
     alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
-    if SHIFT:
-        alpha = alpha + shift * kh
-        s_next = s_next + shift * u_next
     aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
     anorm = _sqrt(aa, ACC)
     if NORM_GATE:
@@ -399,7 +385,7 @@ def _gate_pipelined_t(
     else:
         ah = alpha
         ahq = aq
-    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, shift
+    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us
 
 
 @triton.jit
@@ -637,7 +623,6 @@ def _gate_pass(
     SPLIT: tl.constexpr,
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
-    SHIFT: tl.constexpr,
     progress_ptr,
     PUBLISH: tl.constexpr,
 ):
@@ -684,14 +669,11 @@ def _gate_pass(
         # that uses it left its latency on the critical path: gate_anatomy.json)
         nk = base_k + tl.minimum(t_begin + 1, t_last) * stride_k
         u_nn = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-    # Blocks of CK tokens when there is something to do once per block: t_begin is a multiple
-    # of CK, so every block starts at a checkpoint, stored before the block's inner loop (a
-    # tile store under a branch in the token loop cost the BK = 128 loop 200 spilled
-    # instructions per token in the offline SASS).  SHIFT: A = B + shift·I, B takes the
-    # downdates, the nudges go into the scalar shift, which is folded into the tile's
-    # diagonal at the end of each block (so the checkpoints see shift = 0).
-    shift = lam * 0.0
-    if SHIFT or SAVE_CKPT:
+    # With checkpoints, blocks of CK tokens: t_begin is a multiple of CK, so every block starts
+    # at a checkpoint, stored before the block's token loop (a tile store under a branch in
+    # the token loop cost the BK = 128 loop 196 spilled instructions per token in the offline
+    # SASS, 14 this way).
+    if SAVE_CKPT:
         block = CK
     else:
         block = n_steps
@@ -716,9 +698,9 @@ def _gate_pass(
                 u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
             z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
             if PIPELINE:
-                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, shift = _gate_pipelined_t(
+                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n = _gate_pipelined_t(
                     A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
-                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH, shift, SHIFT,
+                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
                 )  # fmt: skip
             else:
                 A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
@@ -742,9 +724,6 @@ def _gate_pass(
                     # releases the count to the state programs waiting on it (_wait_for)
                     tl.debug_barrier()
                     tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
-        if SHIFT:
-            A = A + tl.where(eye, shift, 0.0)
-            shift = lam * 0.0
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
     if SAVE_CKPT:
@@ -791,7 +770,6 @@ def vla_gate_kernel(
     SPLIT: tl.constexpr = 1,
     NUDGE_BRANCH: tl.constexpr = False,
     LOAD_PLAIN: tl.constexpr = False,
-    SHIFT: tl.constexpr = False,
 ):
     """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
     over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -849,7 +827,6 @@ def vla_gate_kernel(
         SPLIT,
         NUDGE_BRANCH,
         LOAD_PLAIN,
-        SHIFT,
         p_ptr,  # unused: PUBLISH = 0
         0,
     )
@@ -1076,7 +1053,6 @@ def vla_stream_kernel(
     SPLIT: tl.constexpr,
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
-    SHIFT: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     """The two-pass forward in ONE launch, its passes running side by side: grid
@@ -1100,8 +1076,7 @@ def vla_stream_kernel(
             role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, kh_ptr, sc_ptr,
             a0_ptr, z0_ptr, aT_ptr, zT_ptr, cka_ptr, ckz_ptr, p_ptr, T, H, DK, nudge_period,
             CK, NC, t_begin, n_steps, a_stride, BK, HAS_INIT, SAVE_CKPT, False, NORM_GATE, ACC,
-            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, SHIFT, progress_ptr,
-            BLOCK_T,
+            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, progress_ptr, BLOCK_T,
         )  # fmt: skip
     else:
         r = role - BH
