@@ -320,6 +320,8 @@ def test_streamed_passes_are_the_two_kernels(name: str) -> None:
     programs) runs the two kernels' operations: the same bits for outputs, final state and, in
     a training forward, every gradient (the backward reruns from the checkpoints the streamed
     forward stored), with several value blocks and a given initial state."""
+    if CUDA:
+        pytest.skip("bitwise only in the interpreter (compiled apart on the GPU)")
     tf = _fused()
     case = _case(10, T=11, dk=6, dv=40)
     runs = []
@@ -334,6 +336,28 @@ def test_streamed_passes_are_the_two_kernels(name: str) -> None:
         runs.append([o, S, A, z, *grads])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("segment", [None, 4], ids=["one_segment", "segments_of_4"])
+def test_key_ahead_is_the_key_step(segment: int | None) -> None:
+    """``key_ahead`` (each next token's key sums inside the gate's last reduction) gives the
+    bits of the key step it replaces: outputs, final state and, through the backward's rerun of
+    the gate, every gradient; with segments and checkpoints, so the carried key crosses them."""
+    if CUDA:
+        pytest.skip("bitwise only in the interpreter (compiled apart on the GPU)")
+    tf = _fused()
+    case = _case(11, T=13, dk=5, dv=7)
+    out = []
+    for ahead in (False, True):
+        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+              for a in case.arrays().values()]  # fmt: skip
+        o, st = tf.fused_recurrent_vla(
+            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
+            schedule="two_pass", key_ahead=ahead, forward_segment=segment, checkpoint_every=4,
+        )  # fmt: skip
+        grads = torch.autograd.grad((o * 1.5).sum() + st[0].sum() + st[1].sum() - st[2].sum(), xs)
+        out.append([o, *st, *grads])
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
 def test_nudge_branch_is_the_select() -> None:

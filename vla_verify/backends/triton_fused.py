@@ -251,6 +251,7 @@ def _forward(
     gate: str = "recurrent",
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
+    key_ahead: bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -341,6 +342,7 @@ def _forward(
         gate_flags = {
             "NORM_GATE": config.normalize_gate, "BUG": bug, "DOWNDATE": downdate,
             "PIPELINE": pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
+            "KEY_AHEAD": key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "SPLIT": _gate_split(
                 split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
             ),
@@ -589,6 +591,7 @@ def _backward_two_pass(
             SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
+            KEY_AHEAD=options["key_ahead"] and options["pipeline_gate"],
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -671,6 +674,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             gate=options["gate"],
             gate_chunk=options["gate_chunk"],
             stream_passes=options["stream_passes"],
+            key_ahead=options["key_ahead"],
         )
         if save:
             assert ck is not None
@@ -729,6 +733,7 @@ def fused_recurrent_vla(
     gate: str = "recurrent",
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
+    key_ahead: bool = True,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -802,6 +807,9 @@ def fused_recurrent_vla(
         pass alone and is not cut into segments (default on; ``False``: the passes as two
         kernels, one after the other or overlapped by ``overlap_passes``).  Same result.  Its
         warps are the gate kernel's (``gate_num_warps``).
+    key_ahead : pipelined gate only: form each next token's key sums (``‖k‖²``, ``z_tᵀq``) in
+        the same reduction as the current token's gate norms (:func:`kernels._gate_pipelined_t`),
+        one cross-warp reduction fewer per token; the same operations (default on).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -875,6 +883,7 @@ def fused_recurrent_vla(
         "gate": gate,
         "gate_chunk": gate_chunk,
         "stream_passes": stream_passes,
+        "key_ahead": bool(key_ahead),
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -892,7 +901,7 @@ class TritonFusedBackend(Backend):
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
     ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
-    ``gate_chunk``, ``stream_passes`` (see :func:`fused_recurrent_vla`).
+    ``gate_chunk``, ``stream_passes``, ``key_ahead`` (see :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -919,6 +928,7 @@ class TritonFusedBackend(Backend):
             "gate": "recurrent",
             "gate_chunk": None,
             "stream_passes": None,
+            "key_ahead": True,
         },
     )
 
@@ -965,5 +975,6 @@ class TritonFusedBackend(Backend):
             gate=str(self.options["gate"]),
             gate_chunk=self.options["gate_chunk"],
             stream_passes=self.options["stream_passes"],
+            key_ahead=bool(self.options["key_ahead"]),
         )
         return o, tuple(x.to(q.dtype) for x in state)

@@ -328,6 +328,12 @@ def _sum_triple(a, b, c, axis: tl.constexpr):
 
 
 @triton.jit
+def _add_five(a0, b0, c0, d0, e0, a1, b1, c1, d1, e1):
+    """Combine function of a five-output sum (:func:`_gate_pipelined_t`, ``KEY_AHEAD``)."""
+    return a0 + a1, b0 + b1, c0 + c1, d0 + d1, e0 + e1
+
+
+@triton.jit
 def _gate_pipelined_t(
     At,
     s,
@@ -347,6 +353,10 @@ def _gate_pipelined_t(
     DOWNDATE: tl.constexpr,
     SPLIT: tl.constexpr = 1,
     NUDGE_BRANCH: tl.constexpr = False,
+    k_next=0.0,
+    zk_next=0.0,
+    q_next=0.0,
+    KEY_AHEAD: tl.constexpr = False,
 ):
     """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
 
@@ -355,7 +365,13 @@ def _gate_pipelined_t(
     reduction), and ``u_{t+1}ᵀs_{t+1}`` joins ``‖α_t‖²`` and ``α_tᵀq`` in a second: two
     dependent reductions per token instead of four, with the same operations on the same
     numbers as :func:`_gate_t`.  Returns ``_gate_t``'s seven values and ``(s_{t+1},
-    1 + u_{t+1}ᵀs_{t+1})``.  (The planted bug BUG_GATE_FROM_OLD_A is not supported here.)
+    1 + u_{t+1}ᵀs_{t+1})``, and ``(‖k_{t+1}‖², z_{t+1}ᵀq_{t+1})``.  (The planted bug
+    BUG_GATE_FROM_OLD_A is not supported here.)
+
+    ``KEY_AHEAD``: the next token's key sums, ``‖k_{t+1}‖²`` and ``z_{t+1}ᵀq_{t+1}`` with
+    ``zk_next = z_t + k_{t+1}``, join the same reduction (five sums in one), so that the key
+    half costs no reduction of its own on the token's critical path; otherwise they are
+    returned as zeros' stand-ins and :func:`_key_t` runs in the token.
     """
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -376,7 +392,16 @@ def _gate_pipelined_t(
     else:
         At = At + tl.where(eye, eta, 0.0)
     alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
-    aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
+    if KEY_AHEAD:
+        aa, aq, us, kk, zq = tl.reduce(
+            (alpha * alpha, alpha * q, u_next * s_next, k_next * k_next, zk_next * q_next),
+            0,
+            _add_five,
+        )
+    else:
+        aa, aq, us = _sum_triple(alpha * alpha, alpha * q, u_next * s_next, 0)
+        kk = us  # unused
+        zq = us
     anorm = _sqrt(aa, ACC)
     if NORM_GATE:
         rn = tl.maximum(anorm, norm_eps)
@@ -385,7 +410,7 @@ def _gate_pipelined_t(
     else:
         ah = alpha
         ahq = aq
-    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us
+    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, kk, zq
 
 
 @triton.jit
@@ -623,6 +648,7 @@ def _gate_pass(
     SPLIT: tl.constexpr,
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
+    KEY_AHEAD: tl.constexpr,
     progress_ptr,
     PUBLISH: tl.constexpr,
 ):
@@ -669,6 +695,14 @@ def _gate_pass(
         # that uses it left its latency on the critical path: gate_anatomy.json)
         nk = base_k + tl.minimum(t_begin + 1, t_last) * stride_k
         u_nn = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+        if KEY_AHEAD:
+            # the first token's key half before the loop; then each token's (‖k‖², z·q) comes
+            # in the previous token's last reduction, and q, k are loaded two tokens ahead
+            _z, kh_c, zq_c, knorm_c = _key_t(z, k_n, q_n, norm_eps, ACC)
+            k_c = k_n
+            q_c = q_n
+            q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+            k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
     # With checkpoints, blocks of CK tokens: t_begin is a multiple of CK, so every block starts
     # at a checkpoint, stored before the block's token loop (a tile store under a branch in
     # the token loop cost the BK = 128 loop 196 spilled instructions per token in the offline
@@ -684,21 +718,47 @@ def _gate_pass(
             tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
         for i in range(i0, tl.minimum(i0 + block, n_steps)):
             t = t_begin + i
-            q_t = q_n
-            k_t = k_n
-            u_t = u_n
-            nk = base_k + tl.minimum(t + 1, t_last) * stride_k
-            q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-            k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-            if PIPELINE:
-                u_n = u_nn
+            if KEY_AHEAD:
+                q_t = q_c
+                k_t = k_c
+                kh = kh_c
+                zq = zq_c
+                knorm = knorm_c
                 nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
+                q_nn = tl.load(q_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+                k_nn = tl.load(k_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+                u_n = u_nn
                 u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+                z = z + k_t  # as _key_t
+                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, kk_c, zq_c = _gate_pipelined_t(
+                    A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
+                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
+                    k_n, z + k_n, q_n, KEY_AHEAD,
+                )  # fmt: skip
+                knorm_c = _sqrt(kk_c, ACC)  # the next token's k̂, as _key_t forms it
+                kh_c = _div(k_n, tl.maximum(knorm_c, norm_eps), ACC)
+                k_c = k_n
+                q_c = q_n
+                k_n = k_nn
+                q_n = q_nn
             else:
-                u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
-            z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-            if PIPELINE:
-                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n = _gate_pipelined_t(
+                q_t = q_n
+                k_t = k_n
+                u_t = u_n
+                nk = base_k + tl.minimum(t + 1, t_last) * stride_k
+                q_n = tl.load(q_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+                k_n = tl.load(k_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+                if PIPELINE:
+                    u_n = u_nn
+                    nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
+                    u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+                else:
+                    u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
+                z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
+            if KEY_AHEAD:
+                pass  # the gate ran above
+            elif PIPELINE:
+                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, _kk, _zq = _gate_pipelined_t(
                     A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
                     norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
                 )  # fmt: skip
@@ -770,6 +830,7 @@ def vla_gate_kernel(
     SPLIT: tl.constexpr = 1,
     NUDGE_BRANCH: tl.constexpr = False,
     LOAD_PLAIN: tl.constexpr = False,
+    KEY_AHEAD: tl.constexpr = False,
 ):
     """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
     over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -827,6 +888,7 @@ def vla_gate_kernel(
         SPLIT,
         NUDGE_BRANCH,
         LOAD_PLAIN,
+        KEY_AHEAD,
         p_ptr,  # unused: PUBLISH = 0
         0,
     )
@@ -1053,6 +1115,7 @@ def vla_stream_kernel(
     SPLIT: tl.constexpr,
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
+    KEY_AHEAD: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     """The two-pass forward in ONE launch, its passes running side by side: grid
@@ -1076,7 +1139,8 @@ def vla_stream_kernel(
             role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, kh_ptr, sc_ptr,
             a0_ptr, z0_ptr, aT_ptr, zT_ptr, cka_ptr, ckz_ptr, p_ptr, T, H, DK, nudge_period,
             CK, NC, t_begin, n_steps, a_stride, BK, HAS_INIT, SAVE_CKPT, False, NORM_GATE, ACC,
-            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, progress_ptr, BLOCK_T,
+            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, KEY_AHEAD, progress_ptr,
+            BLOCK_T,
         )  # fmt: skip
     else:
         r = role - BH
