@@ -1,6 +1,7 @@
 """Where the streamed forward's time goes: forward medians (``do_bench``) and per-kernel times
-(torch.profiler) of the streamed kernel and of the two kernels it replaces, with and without the
-shifted nudge, B = 1, H = 16, bf16 (``stream.json`` left these open).
+(torch.profiler) of the streamed kernel and of the two kernels it replaces, with and without
+``key_ahead``, beside fla's fused recurrent DPLR kernel, B = 1, H = 16, bf16.  (Commit 579b46f
+of this script compared the shifted nudge and ``block_v`` instead: ``stream/profile_579b46f``.)
 
     python benchmarks/gpu/stream_profile_h200.py --commit SHA --out $OUT   # stream_profile.json
 """
@@ -25,33 +26,31 @@ def main() -> int:
     from triton_h200 import _kernel_times
 
     from vla_verify.backends import triton_fused as tf
-    from vla_verify.bench import _inputs, machine_info, time_ms
+    from vla_verify.bench import _inputs, machine_info, make_ops, time_ms
 
     two = {"stream_passes": False, "overlap_passes": False}
-    plans = {
-        (128, 4096): {
-            "two_kernels": {**two, "shift_nudge": False},
-            "two_kernels_shift": {**two, "shift_nudge": True},
-            "stream": {"shift_nudge": False},
-            "stream_shift": {"shift_nudge": True},
-            "stream_shift_bv32": {"shift_nudge": True, "block_v": 32},
-            "stream_shift_bv32_blk32": {"shift_nudge": True, "block_v": 32, "_block": 32},
-        },
-        (64, 4096): {
-            "two_kernels": two,
-            "two_kernels_shift": {**two, "shift_nudge": True},
-            "stream": {},
-            "stream_blk32": {"_block": 32},
-            "stream_blk64": {"_block": 64},
-        },
-        (64, 1024): {"two_kernels": two, "stream_blk32": {"_block": 32}},
+    pairs = {
+        "two_kernels": two,
+        "two_kernels_key_ahead": {**two, "key_ahead": True},
+        "stream": {"key_ahead": False},
+        "stream_key_ahead": {"key_ahead": True},
     }
+    plans = {(D, T): pairs for D in (64, 128) for T in (1024, 4096)}
     result: dict = {"machine": {**machine_info(), "commit": args.commit}, "rows": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for (D, T), variants in plans.items():
         x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
         xs = (x["q"], x["k"], x["v"], x["u"])
+        anchors = make_ops(x)
+        fla = anchors.get(("fla_fused_recurrent_dplr", "fwd"))
+        if fla is not None:
+            fla()
+            torch.cuda.synchronize()
+            ms = time_ms(fla)
+            result["rows"].append({"D": D, "T": T, "variant": "fla_fused_recurrent_dplr",
+                                   "median_ms": ms})  # fmt: skip
+            print(f"D={D} T={T} fla_fused_recurrent_dplr: {ms:.3f} ms", flush=True)
         for name, opts in variants.items():
             opts = dict(opts)
             block = opts.pop("_block", 8)
