@@ -1,7 +1,8 @@
 """Where the streamed forward's time goes: forward medians (``do_bench``) and per-kernel times
 (torch.profiler) of the streamed kernel and of the two kernels it replaces, with and without
-``key_ahead``, beside fla's fused recurrent DPLR kernel, B = 1, H = 16, bf16.  (Commit 579b46f
-of this script compared the shifted nudge and ``block_v`` instead: ``stream/profile_579b46f``.)
+the nudge added after the products (``nudge_branch=2``), beside fla's fused recurrent DPLR
+kernel, B = 1, H = 16, bf16.  (Earlier commits of this script compared the shifted nudge and
+``block_v`` (579b46f) and ``key_ahead`` (445b7ee): ``results/h200/stream/profile_*``.)
 
     python benchmarks/gpu/stream_profile_h200.py --commit SHA --out $OUT   # stream_profile.json
 """
@@ -28,14 +29,12 @@ def main() -> int:
     from vla_verify.backends import triton_fused as tf
     from vla_verify.bench import _inputs, machine_info, make_ops, time_ms
 
-    two = {"stream_passes": False, "overlap_passes": False}
-    pairs = {
-        "two_kernels": two,
-        "two_kernels_key_ahead": {**two, "key_ahead": True},
-        "stream": {"key_ahead": False},
-        "stream_key_ahead": {"key_ahead": True},
+    variants = {
+        "stream": {},
+        "stream_nudge_after": {"nudge_branch": 2},
+        "stream_nudge_after_blk64": {"nudge_branch": 2, "_block": 64},
     }
-    plans = {(D, T): pairs for D in (64, 128) for T in (1024, 4096)}
+    plans = {(D, T): variants for D in (64, 128) for T in (1024, 4096)}
     result: dict = {"machine": {**machine_info(), "commit": args.commit}, "rows": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
