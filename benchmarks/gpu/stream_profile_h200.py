@@ -1,8 +1,8 @@
 """Where the streamed forward's time goes: forward medians (``do_bench``) and per-kernel times
 (torch.profiler) of the streamed kernel and of the two kernels it replaces, with and without
-the nudge added after the products (``nudge_branch=2``), beside fla's fused recurrent DPLR
-kernel, B = 1, H = 16, bf16.  (Earlier commits of this script compared the shifted nudge and
-``block_v`` (579b46f) and ``key_ahead`` (445b7ee): ``results/h200/stream/profile_*``.)
+``key_ahead``, beside fla's fused recurrent DPLR kernel, B = 1, H = 16, bf16.  (Earlier
+commits of this script compared the shifted nudge and ``block_v`` (579b46f) and the nudge added
+after the products (cba4a0a): ``results/h200/stream/profile_*``.)
 
     python benchmarks/gpu/stream_profile_h200.py --commit SHA --out $OUT   # stream_profile.json
 """
@@ -29,10 +29,12 @@ def main() -> int:
     from vla_verify.backends import triton_fused as tf
     from vla_verify.bench import _inputs, machine_info, make_ops, time_ms
 
+    two = {"stream_passes": False, "overlap_passes": False}
     variants = {
-        "stream": {},
-        "stream_nudge_after": {"nudge_branch": 2},
-        "stream_nudge_after_blk64": {"nudge_branch": 2, "_block": 64},
+        "two_kernels": {**two, "key_ahead": False},
+        "two_kernels_key_ahead": two,
+        "stream": {"key_ahead": False},
+        "stream_key_ahead": {},
     }
     plans = {(D, T): variants for D in (64, 128) for T in (1024, 4096)}
     result: dict = {"machine": {**machine_info(), "commit": args.commit}, "rows": []}

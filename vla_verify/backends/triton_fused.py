@@ -478,10 +478,10 @@ def _stream(option: bool | None) -> bool:
 _STREAM_BLOCK = 32
 
 
-def _nudge_branch(option: bool | int | None, bk: int) -> int:
+def _nudge_branch(option: bool | None, bk: int) -> bool:
     """The gate kernel's ``NUDGE_BRANCH``: the option, or by default BK ≤ 64 (offline SASS at
     BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
-    return int(bk <= 64) if option is None else int(option)
+    return bk <= 64 if option is None else bool(option)
 
 
 #: Segments of the two-pass forward on a GPU, so that gate and state passes overlap

@@ -384,9 +384,7 @@ def _gate_pipelined_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    if NUDGE_BRANCH == 2:
-        pass  # EXPERIMENT: the nudge after the products
-    elif NUDGE_BRANCH:
+    if NUDGE_BRANCH:
         # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
         # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
         if nudge:
@@ -394,9 +392,6 @@ def _gate_pipelined_t(
     else:
         At = At + tl.where(eye, eta, 0.0)
     alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
-    if NUDGE_BRANCH == 2:
-        alpha = alpha + eta * kh
-        s_next = s_next + eta * u_next
     if KEY_AHEAD:
         aa, aq, us, kk, zq = tl.reduce(
             (alpha * alpha, alpha * q, u_next * s_next, k_next * k_next, zk_next * q_next),
@@ -415,9 +410,6 @@ def _gate_pipelined_t(
     else:
         ah = alpha
         ahq = aq
-    if NUDGE_BRANCH == 2:
-        if nudge:
-            At = At + tl.where(eye, nudge_eta, 0.0)
     return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, kk, zq
 
 
