@@ -778,9 +778,10 @@ def fused_recurrent_vla(
         interleaved partial sums (:func:`kernels._colsum`; a power of two, 1 = one chain;
         default 4).  Only where the gate kernel starts from ``A_0 = I/lambda0`` (see
         :func:`_gate_split` for why).
-    overlap_passes : two-pass forward on a GPU: cut T into 8 segments (whole checkpoint chunks;
-        ``forward_segment`` overrides) and run each segment's state pass on a side stream while
-        the gate pass goes on with the next segment; the result does not change.  Default
+    overlap_passes : two-pass forward on a GPU with ``stream_passes=False``: cut T into 8
+        segments (whole checkpoint chunks; ``forward_segment`` overrides) and run each
+        segment's state pass on a side stream while the gate pass goes on with the next
+        segment; the result does not change.  Default
         (``None``): on where the later segments' gate kernels keep their split sums anyway
         (``split_after_load``, or a forward that stores checkpoints), see :func:`_overlap`.
     nudge_branch : pipelined gate only: add ``η I`` to the tile under a branch taken on nudge

@@ -48,6 +48,14 @@ are shuffle butterflies (1813 ``SHFL`` per token in the gate kernel's SASS at BK
 35), and a loop-carried tile keeps the layout it was loaded with.  The wrapper transposes the
 user-facing states.
 
+Streamed two-pass forward, :func:`vla_stream_kernel` (the default): both passes in one launch,
+grid ``(B·H·(1 + NV),)``; the first ``B·H`` programs to start run the gate pass
+(:func:`_gate_pass`, the body of :func:`vla_gate_kernel`), the others the state pass of one value
+block (:func:`_state_pass`), reading each block of gates once the gate program has published it
+(per-(b, h) progress counts, release/acquire).  Same operations as the two kernels; the forward
+costs about the gate pass.  In the pipelined gate step the next token's key sums join the
+current token's last reduction (``KEY_AHEAD``).
+
 Backward, :func:`vla_bwd_kernel`: grid ``(B·H,)``, chunks of ``C`` tokens in reverse.  For each
 chunk it reloads the checkpoint of ``(S, A, z)`` that the forward stored at the chunk start,
 recomputes the C steps (storing per-token *vectors* — k̂, s, α̂, e and a few scalars — in a
