@@ -360,6 +360,40 @@ def test_key_ahead_is_the_key_step(segment: int | None) -> None:
     assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
+@pytest.mark.parametrize(
+    ("period", "segment", "bug"),
+    [
+        (3, None, None),
+        (1, 4, None),
+        (5, 4, None),
+        (None, None, None),
+        (4, None, "nudge_one_step_late"),
+    ],
+    ids=["period3", "every_step_segments", "period5_segments", "never", "planted_late_nudge"],
+)
+def test_period_loop_is_the_select(period, segment, bug) -> None:  # type: ignore[no-untyped-def]
+    """``period_loop`` (tokens between nudges compiled without the nudge, nudge tokens with it)
+    gives the bits of the select over the tile: outputs, final state, and every gradient (the
+    backward's rerun takes it too), for nudges every 1, 3, 5 steps or never, across segments
+    and checkpoints, and with the planted late nudge (the loop follows the kernel's own rule)."""
+    if CUDA:
+        pytest.skip("bitwise only in the interpreter (compiled apart on the GPU)")
+    tf = _fused()
+    case = _case(14, T=13, dk=5, dv=7)
+    config = VLAConfig(nudge_period=period, nudge_eta=0.05)
+    out = []
+    for loop in (False, True):
+        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True)
+              for a in case.arrays().values()]  # fmt: skip
+        o, st = tf.fused_recurrent_vla(
+            *xs[:4], config=config, initial_state=tuple(xs[4:]), schedule="two_pass",
+            period_loop=loop, forward_segment=segment, checkpoint_every=4, planted_bug=bug,
+        )  # fmt: skip
+        grads = torch.autograd.grad((o * 1.5).sum() + st[0].sum() + st[1].sum() - st[2].sum(), xs)
+        out.append([o, *st, *grads])
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+
+
 def test_nudge_branch_is_the_select() -> None:
     """The branch taken on nudge steps only gives the bits of the select over the tile."""
     tf = _fused()

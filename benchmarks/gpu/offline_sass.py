@@ -77,7 +77,7 @@ def compile_kernel(
             sig[arg] = "*fp64"
         elif arg in ("ticket_ptr", "progress_ptr"):  # the streamed forward's counters
             sig[arg] = "*i32"
-        elif arg in ("PIPELINE", "SPLIT", "NUDGE_BRANCH", "LOAD_PLAIN", "BLOCK_T", "KEY_AHEAD"):
+        elif arg in ("PIPELINE", "SPLIT", "NUDGE_BRANCH", "LOAD_PLAIN", "BLOCK_T", "KEY_AHEAD", "PERIOD_LOOP"):
             fixed[arg] = {"PIPELINE": 1, "SPLIT": 4, "BLOCK_T": 8}.get(arg, 0)
         elif arg.endswith("_ptr"):
             sig[arg] = "*bf16" if arg[0] in "qkvuo" and arg[1] == "_" else "*fp32"

@@ -252,6 +252,7 @@ def _forward(
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
     key_ahead: bool = True,
+    period_loop: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -343,6 +344,8 @@ def _forward(
             "NORM_GATE": config.normalize_gate, "BUG": bug, "DOWNDATE": downdate,
             "PIPELINE": pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "KEY_AHEAD": key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
+            "PERIOD_LOOP": _period_loop(period_loop, bk)
+            and key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "SPLIT": _gate_split(
                 split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
             ),
@@ -478,6 +481,13 @@ def _stream(option: bool | None) -> bool:
 _STREAM_BLOCK = 32
 
 
+def _period_loop(option: bool | None, bk: int) -> bool:
+    """Option ``period_loop``: off by default until measured on the H200 (offline Triton 3.6
+    SASS: the BK = 128 token loop without the nudge 884 instructions per token against 1305 with
+    the select; BK = 64 564 against 669 with the nudge branch)."""
+    return False if option is None else bool(option)
+
+
 def _nudge_branch(option: bool | None, bk: int) -> bool:
     """The gate kernel's ``NUDGE_BRANCH``: the option, or by default BK ≤ 64 (offline SASS at
     BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
@@ -592,6 +602,8 @@ def _backward_two_pass(
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
             KEY_AHEAD=options["key_ahead"] and options["pipeline_gate"],
+            PERIOD_LOOP=_period_loop(options["period_loop"], bk)
+            and options["key_ahead"] and options["pipeline_gate"],
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
         dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -675,6 +687,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             gate_chunk=options["gate_chunk"],
             stream_passes=options["stream_passes"],
             key_ahead=options["key_ahead"],
+            period_loop=options["period_loop"],
         )
         if save:
             assert ck is not None
@@ -734,6 +747,7 @@ def fused_recurrent_vla(
     gate_chunk: int | None = None,
     stream_passes: bool | None = None,
     key_ahead: bool = True,
+    period_loop: bool | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -811,6 +825,10 @@ def fused_recurrent_vla(
     key_ahead : pipelined gate only: form each next token's key sums (``‖k‖²``, ``z_tᵀq``) in
         the same reduction as the current token's gate norms (:func:`kernels._gate_pipelined_t`),
         one cross-warp reduction fewer per token; the same operations (default on).
+    period_loop : with ``key_ahead``: the gate loop runs the tokens between two nudges with a
+        step compiled without the nudge and each nudge token with one compiled with it, instead
+        of a select over the tile every token (the same result, bit for bit).  Default: see
+        :func:`_period_loop`.
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -885,6 +903,7 @@ def fused_recurrent_vla(
         "gate_chunk": gate_chunk,
         "stream_passes": stream_passes,
         "key_ahead": bool(key_ahead),
+        "period_loop": period_loop,
         "bwd_num_warps": bwd_num_warps,
         "bug": bug,
     }
@@ -902,7 +921,8 @@ class TritonFusedBackend(Backend):
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
     ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
-    ``gate_chunk``, ``stream_passes``, ``key_ahead`` (see :func:`fused_recurrent_vla`).
+    ``gate_chunk``, ``stream_passes``, ``key_ahead``, ``period_loop`` (see
+    :func:`fused_recurrent_vla`).
     """
 
     name = _NAME
@@ -930,6 +950,7 @@ class TritonFusedBackend(Backend):
             "gate_chunk": None,
             "stream_passes": None,
             "key_ahead": True,
+            "period_loop": None,
         },
     )
 
@@ -977,5 +998,6 @@ class TritonFusedBackend(Backend):
             gate_chunk=self.options["gate_chunk"],
             stream_passes=self.options["stream_passes"],
             key_ahead=bool(self.options["key_ahead"]),
+            period_loop=self.options["period_loop"],
         )
         return o, tuple(x.to(q.dtype) for x in state)

@@ -76,6 +76,11 @@ BUG_GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
 BUG_NUDGE_ONE_STEP_LATE = 2  # nudge after step t with (t − 1) % period == 0
 BUG_DK_SIGN = 3  # backward: drop the -S_{t-1}ᵀ de term of dk̂
 
+# How a pipelined gate step adds the nudge: NUDGE_BRANCH False/True (a select over the tile every
+# step / under a branch), or, from the period loop of _gate_pass, known at compile time.
+NUDGE_NEVER = tl.constexpr(3)
+NUDGE_ALWAYS = tl.constexpr(4)
+
 # The Sherman–Morrison downdate of A (a performance/accuracy trade-off, option ``downdate``).
 DOWNDATE_EXACT = 0  # A − (s_i s_j)/δ, correctly rounded division per entry (the oracle's order)
 DOWNDATE_FMA = 1  # fma(−s_i s_j, 1/δ, A): a multiply and one FMA per entry
@@ -392,7 +397,11 @@ def _gate_pipelined_t(
         At = tl.fma(-(s[:, None] * s[None, :]), _div(1.0, delta, ACC), At)
     else:
         At = At - _div(s[:, None] * s[None, :], delta, ACC)
-    if NUDGE_BRANCH:
+    if NUDGE_BRANCH == NUDGE_NEVER:
+        pass  # the caller knows no nudge falls on this token (_gate_pass, PERIOD_LOOP)
+    elif NUDGE_BRANCH == NUDGE_ALWAYS:
+        At = At + tl.where(eye, nudge_eta, 0.0)  # the caller knows one does
+    elif NUDGE_BRANCH:
         # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
         # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
         if nudge:
@@ -618,6 +627,53 @@ def vla_fwd_kernel(
 
 
 @triton.jit
+def _gate_token_ahead(
+    i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn,
+    q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr, cs_ptr, progress_ptr, i_bh, n_steps,
+    base_k, stride_k, ok, mk, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
+    BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr, BUG: tl.constexpr,
+    DOWNDATE: tl.constexpr, SPLIT: tl.constexpr, NUDGE: tl.constexpr, SAVE_CHAIN: tl.constexpr,
+    PUBLISH: tl.constexpr,
+):  # fmt: skip
+    """One token ``t_begin + i`` of :func:`_gate_pass` with ``KEY_AHEAD`` (the pipelined step,
+    the key half one token ahead): loads two tokens ahead, the step, the stores, the progress
+    count.  ``NUDGE``: how the step adds the nudge (``NUDGE_BRANCH`` of
+    :func:`_gate_pipelined_t`).  Returns the carried values, in the order they came."""
+    t = t_begin + i
+    nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
+    q_nn = tl.load(q_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+    k_nn = tl.load(k_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+    u_n = u_nn
+    u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
+    kh = kh_c
+    zq = zq_c
+    knorm = knorm_c
+    z = z + k_c  # as _key_t
+    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, kk_c, zq_c = _gate_pipelined_t(
+        A, s_n, dr_n, kh, u_n, q_c, t, eye, nudge_period, nudge_eta, sm_floor,
+        norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE, k_n, z + k_n, q_n, True,
+    )  # fmt: skip
+    knorm_c = _sqrt(kk_c, ACC)  # the next token's k̂, as _key_t forms it
+    kh_c = _div(k_n, tl.maximum(knorm_c, norm_eps), ACC)
+    tl.store(kh_row + i * BK + ok, kh)
+    tl.store(ah_row + i * BK + ok, ah)
+    tl.store(sc_row + 2 * i, ahq)
+    tl.store(sc_row + 2 * i + 1, zq)
+    if SAVE_CHAIN:
+        tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
+        cs = cs_ptr + (i_bh * n_steps + i) * 4
+        tl.store(cs, delta_raw)
+        tl.store(cs + 1, delta)
+        tl.store(cs + 2, anorm)
+        tl.store(cs + 3, knorm)
+    if PUBLISH > 0:
+        if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
+            tl.debug_barrier()
+            tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+    return A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_n, q_n, k_nn, q_nn, u_nn
+
+
+@triton.jit
 def _gate_pass(
     i_bh,
     q_ptr,
@@ -657,6 +713,7 @@ def _gate_pass(
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
     KEY_AHEAD: tl.constexpr,
+    PERIOD_LOOP: tl.constexpr,
     progress_ptr,
     PUBLISH: tl.constexpr,
 ):
@@ -724,32 +781,55 @@ def _gate_pass(
             c = (i_bh * (NC + 1) + (t_begin + i0) // CK).to(tl.int64)
             tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
             tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
-        for i in range(i0, tl.minimum(i0 + block, n_steps)):
-            t = t_begin + i
-            if KEY_AHEAD:
-                q_t = q_c
-                k_t = k_c
-                kh = kh_c
-                zq = zq_c
-                knorm = knorm_c
-                nk2 = base_k + tl.minimum(t + 2, t_last) * stride_k
-                q_nn = tl.load(q_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
-                k_nn = tl.load(k_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
-                u_n = u_nn
-                u_nn = tl.load(u_ptr + nk2 + ok, mask=mk, other=0.0).to(ACC)
-                z = z + k_t  # as _key_t
-                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, kk_c, zq_c = _gate_pipelined_t(
-                    A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
-                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
-                    k_n, z + k_n, q_n, KEY_AHEAD,
+        i1 = tl.minimum(i0 + block, n_steps)
+        if PERIOD_LOOP:
+            # Tokens between nudges run a step compiled without the nudge, each nudge token one
+            # compiled with it: no select over the tile on the others.  f: the first token
+            # i >= i0 whose step (t + 1; t under the planted late-nudge bug) is a positive
+            # multiple of the period (int64: the period may be 2**31 - 1, "never").
+            off = 0 if BUG == 2 else 1
+            x = (t_begin + i0 + off).to(tl.int64)
+            per = nudge_period.to(tl.int64)
+            f = i0 + (per - x % per) % per
+            f = tl.where(t_begin + f + off == 0, f + per, f)
+            f = tl.minimum(f, i1).to(tl.int32)
+            n_nudges = tl.where(f < i1, (i1 - 1 - f) // nudge_period + 1, 0)
+            start = i0
+            for r in range(0, n_nudges + 1):
+                p = tl.minimum(f.to(tl.int64) + r * per, i1).to(tl.int32)
+                for i in range(start, p):
+                    A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
+                        _gate_token_ahead(
+                            i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
+                            k_n, q_n, u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr,
+                            cs_ptr, progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye,
+                            nudge_period, nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG,
+                            DOWNDATE, SPLIT, NUDGE_NEVER, SAVE_CHAIN, PUBLISH,
+                        )
+                    )  # fmt: skip
+                for i in range(p, tl.minimum(p + 1, i1)):  # the nudge token, if any
+                    A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
+                        _gate_token_ahead(
+                            i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
+                            k_n, q_n, u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr,
+                            cs_ptr, progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye,
+                            nudge_period, nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG,
+                            DOWNDATE, SPLIT, NUDGE_ALWAYS, SAVE_CHAIN, PUBLISH,
+                        )
+                    )  # fmt: skip
+                start = tl.minimum(p + 1, i1)
+        elif KEY_AHEAD:
+            for i in range(i0, i1):
+                A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = _gate_token_ahead(
+                    i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n,
+                    u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr, cs_ptr,
+                    progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye, nudge_period,
+                    nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
+                    NUDGE_BRANCH, SAVE_CHAIN, PUBLISH,
                 )  # fmt: skip
-                knorm_c = _sqrt(kk_c, ACC)  # the next token's k̂, as _key_t forms it
-                kh_c = _div(k_n, tl.maximum(knorm_c, norm_eps), ACC)
-                k_c = k_n
-                q_c = q_n
-                k_n = k_nn
-                q_n = q_nn
-            else:
+        else:
+            for i in range(i0, i1):
+                t = t_begin + i
                 q_t = q_n
                 k_t = k_n
                 u_t = u_n
@@ -763,35 +843,36 @@ def _gate_pass(
                 else:
                     u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
                 z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
-            if KEY_AHEAD:
-                pass  # the gate ran above
-            elif PIPELINE:
-                A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, _kk, _zq = _gate_pipelined_t(
-                    A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta, sm_floor,
-                    norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE_BRANCH,
-                )  # fmt: skip
-            else:
-                A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
-                    A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
-                    NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
-                )  # fmt: skip
-            tl.store(kh_row + i * BK + ok, kh)
-            tl.store(ah_row + i * BK + ok, ah)
-            tl.store(sc_row + 2 * i, ahq)
-            tl.store(sc_row + 2 * i + 1, zq)
-            if SAVE_CHAIN:
-                tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
-                cs = cs_ptr + (i_bh * n_steps + i) * 4
-                tl.store(cs, delta_raw)
-                tl.store(cs + 1, delta)
-                tl.store(cs + 2, anorm)
-                tl.store(cs + 3, knorm)
-            if PUBLISH > 0:
-                if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
-                    # tokens <= i are stored by every thread (the barrier) before one thread
-                    # releases the count to the state programs waiting on it (_wait_for)
-                    tl.debug_barrier()
-                    tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+                if PIPELINE:
+                    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, _kk, _zq = (
+                        _gate_pipelined_t(
+                            A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta,
+                            sm_floor, norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
+                            NUDGE_BRANCH,
+                        )
+                    )  # fmt: skip
+                else:
+                    A, ah, ahq, s, delta_raw, delta, anorm = _gate_t(
+                        A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
+                        NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
+                    )  # fmt: skip
+                tl.store(kh_row + i * BK + ok, kh)
+                tl.store(ah_row + i * BK + ok, ah)
+                tl.store(sc_row + 2 * i, ahq)
+                tl.store(sc_row + 2 * i + 1, zq)
+                if SAVE_CHAIN:
+                    tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
+                    cs = cs_ptr + (i_bh * n_steps + i) * 4
+                    tl.store(cs, delta_raw)
+                    tl.store(cs + 1, delta)
+                    tl.store(cs + 2, anorm)
+                    tl.store(cs + 3, knorm)
+                if PUBLISH > 0:
+                    if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
+                        # tokens <= i are stored by every thread (the barrier) before one
+                        # thread releases the count to the state programs (_wait_for)
+                        tl.debug_barrier()
+                        tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
     if SAVE_CKPT:
@@ -839,6 +920,7 @@ def vla_gate_kernel(
     NUDGE_BRANCH: tl.constexpr = False,
     LOAD_PLAIN: tl.constexpr = False,
     KEY_AHEAD: tl.constexpr = False,
+    PERIOD_LOOP: tl.constexpr = False,
 ):
     """Pass 1 of the two-pass forward: the key and penalty halves of spec §2.3 for one (b, h),
     over tokens ``t_begin ≤ t < t_begin + n_steps`` of a length-``T`` sequence.
@@ -897,6 +979,7 @@ def vla_gate_kernel(
         NUDGE_BRANCH,
         LOAD_PLAIN,
         KEY_AHEAD,
+        PERIOD_LOOP,
         p_ptr,  # unused: PUBLISH = 0
         0,
     )
@@ -1124,6 +1207,7 @@ def vla_stream_kernel(
     NUDGE_BRANCH: tl.constexpr,
     LOAD_PLAIN: tl.constexpr,
     KEY_AHEAD: tl.constexpr,
+    PERIOD_LOOP: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     """The two-pass forward in ONE launch, its passes running side by side: grid
@@ -1147,8 +1231,8 @@ def vla_stream_kernel(
             role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, kh_ptr, sc_ptr,
             a0_ptr, z0_ptr, aT_ptr, zT_ptr, cka_ptr, ckz_ptr, p_ptr, T, H, DK, nudge_period,
             CK, NC, t_begin, n_steps, a_stride, BK, HAS_INIT, SAVE_CKPT, False, NORM_GATE, ACC,
-            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, KEY_AHEAD, progress_ptr,
-            BLOCK_T,
+            BUG, DOWNDATE, PIPELINE, SPLIT, NUDGE_BRANCH, LOAD_PLAIN, KEY_AHEAD, PERIOD_LOOP,
+            progress_ptr, BLOCK_T,
         )  # fmt: skip
     else:
         r = role - BH
