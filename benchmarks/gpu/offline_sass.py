@@ -44,6 +44,10 @@ _MODULES = (
     "vla_verify.backends.triton_chunk_gate_kernels",
 )
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+#: Constexprs given a default here (a constexpr left out would be compiled as a runtime i32
+#: argument, both branches of every `if` on it: the session-4/5 BK = 128 spill counts were that).
+_DEFAULT_FLAGS = {"PIPELINE": 1, "SPLIT": 4, "BLOCK_T": 8, "NUDGE_BRANCH": 0, "LOAD_PLAIN": 0,
+                  "KEY_AHEAD": 0, "PERIOD_LOOP": 0}  # fmt: skip
 _INTS = ("T", "H", "DK", "DV", "CK", "NC", "t_begin", "n_steps", "BH", "NV")
 #: Latencies (cycles) of the critical-path estimate; others count 6.
 _LATENCY = {"FADD": 4, "FMUL": 4, "FFMA": 4, "FMNMX": 4, "FSEL": 4, "LDS": 30, "SHFL": 28,
@@ -77,8 +81,8 @@ def compile_kernel(
             sig[arg] = "*fp64"
         elif arg in ("ticket_ptr", "progress_ptr"):  # the streamed forward's counters
             sig[arg] = "*i32"
-        elif arg in ("PIPELINE", "SPLIT", "NUDGE_BRANCH", "LOAD_PLAIN", "BLOCK_T", "KEY_AHEAD", "PERIOD_LOOP"):
-            fixed[arg] = {"PIPELINE": 1, "SPLIT": 4, "BLOCK_T": 8}.get(arg, 0)
+        elif arg in _DEFAULT_FLAGS:  # every constexpr of the gate pass: never a runtime i32
+            fixed[arg] = _DEFAULT_FLAGS[arg]
         elif arg.endswith("_ptr"):
             sig[arg] = "*bf16" if arg[0] in "qkvuo" and arg[1] == "_" else "*fp32"
         else:
