@@ -627,6 +627,33 @@ def vla_fwd_kernel(
 
 
 @triton.jit
+def _gate_store_t(
+    i, kh, ah, ahq, zq, s, delta_raw, delta, anorm, knorm, kh_row, ah_row, sc_row, sv_ptr,
+    cs_ptr, progress_ptr, i_bh, n_steps, ok,
+    BK: tl.constexpr, SAVE_CHAIN: tl.constexpr, PUBLISH: tl.constexpr,
+):  # fmt: skip
+    """What the gate pass writes for token ``i`` of its segment (:func:`vla_gate_kernel`), and,
+    with ``PUBLISH`` > 0, the progress count every ``PUBLISH`` tokens: after a barrier (every
+    thread's stores of tokens ≤ i issued), one thread releases it to the state programs
+    waiting in :func:`_wait_for`."""
+    tl.store(kh_row + i * BK + ok, kh)
+    tl.store(ah_row + i * BK + ok, ah)
+    tl.store(sc_row + 2 * i, ahq)
+    tl.store(sc_row + 2 * i + 1, zq)
+    if SAVE_CHAIN:
+        tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
+        cs = cs_ptr + (i_bh * n_steps + i) * 4
+        tl.store(cs, delta_raw)
+        tl.store(cs + 1, delta)
+        tl.store(cs + 2, anorm)
+        tl.store(cs + 3, knorm)
+    if PUBLISH > 0:
+        if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
+            tl.debug_barrier()
+            tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+
+
+@triton.jit
 def _gate_token_ahead(
     i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn,
     q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr, cs_ptr, progress_ptr, i_bh, n_steps,
@@ -655,21 +682,10 @@ def _gate_token_ahead(
     )  # fmt: skip
     knorm_c = _sqrt(kk_c, ACC)  # the next token's k̂, as _key_t forms it
     kh_c = _div(k_n, tl.maximum(knorm_c, norm_eps), ACC)
-    tl.store(kh_row + i * BK + ok, kh)
-    tl.store(ah_row + i * BK + ok, ah)
-    tl.store(sc_row + 2 * i, ahq)
-    tl.store(sc_row + 2 * i + 1, zq)
-    if SAVE_CHAIN:
-        tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
-        cs = cs_ptr + (i_bh * n_steps + i) * 4
-        tl.store(cs, delta_raw)
-        tl.store(cs + 1, delta)
-        tl.store(cs + 2, anorm)
-        tl.store(cs + 3, knorm)
-    if PUBLISH > 0:
-        if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
-            tl.debug_barrier()
-            tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+    _gate_store_t(
+        i, kh, ah, ahq, zq, s, delta_raw, delta, anorm, knorm, kh_row, ah_row, sc_row, sv_ptr,
+        cs_ptr, progress_ptr, i_bh, n_steps, ok, BK, SAVE_CHAIN, PUBLISH,
+    )  # fmt: skip
     return A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_n, q_n, k_nn, q_nn, u_nn
 
 
@@ -856,23 +872,11 @@ def _gate_pass(
                         A, kh, u_t, q_t, t, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
                         NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
                     )  # fmt: skip
-                tl.store(kh_row + i * BK + ok, kh)
-                tl.store(ah_row + i * BK + ok, ah)
-                tl.store(sc_row + 2 * i, ahq)
-                tl.store(sc_row + 2 * i + 1, zq)
-                if SAVE_CHAIN:
-                    tl.store(sv_ptr + (i_bh * n_steps + i) * BK + ok, s)
-                    cs = cs_ptr + (i_bh * n_steps + i) * 4
-                    tl.store(cs, delta_raw)
-                    tl.store(cs + 1, delta)
-                    tl.store(cs + 2, anorm)
-                    tl.store(cs + 3, knorm)
-                if PUBLISH > 0:
-                    if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
-                        # tokens <= i are stored by every thread (the barrier) before one
-                        # thread releases the count to the state programs (_wait_for)
-                        tl.debug_barrier()
-                        tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
+                _gate_store_t(
+                    i, kh, ah, ahq, zq, s, delta_raw, delta, anorm, knorm, kh_row, ah_row,
+                    sc_row, sv_ptr, cs_ptr, progress_ptr, i_bh, n_steps, ok, BK, SAVE_CHAIN,
+                    PUBLISH,
+                )  # fmt: skip
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
     if SAVE_CKPT:
