@@ -127,8 +127,9 @@ def _default_block_v(
 ) -> int:
     """Value rows per program: split dv until B·H·NV programs fill the SMs (with ``stream``,
     B·H·(1 + NV): the streamed forward's gate programs run beside them, and a gate program that
-    shares its SM with a state program is slowed: D = 128, T = 4096 on the H200, 8.11 ms with
-    NV = 8, 144 programs on 132 SMs, against 6.53 ms with NV = 4, ``stream_profile.json``).
+    shares its SM with a state program is slowed: D = 128, T = 4096 on the H200, streamed kernel
+    7.92 ms with NV = 8, 144 programs on 132 SMs, against 6.53 ms with NV = 4, both with the
+    since-dropped shifted nudge; ``results/h200/stream/profile_579b46f.json``).
 
     Fused: each program redoes the dk×dk penalty chain, which costs no wall time while SMs
     would otherwise idle.  Not below 32 rows when dk > 64: on the H200 (Triton 3.6) the
