@@ -633,9 +633,9 @@ def _gate_store_t(
     BK: tl.constexpr, SAVE_CHAIN: tl.constexpr, PUBLISH: tl.constexpr,
 ):  # fmt: skip
     """What the gate pass writes for token ``i`` of its segment (:func:`vla_gate_kernel`), and,
-    with ``PUBLISH`` > 0, the progress count every ``PUBLISH`` tokens: after a barrier (every
-    thread's stores of tokens ≤ i issued), one thread releases it to the state programs
-    waiting in :func:`_wait_for`."""
+    with ``PUBLISH`` > 0, the progress count every ``PUBLISH`` tokens (and more often in the
+    last block): after a barrier (every thread's stores of tokens ≤ i issued), one thread
+    releases it to the state programs waiting in :func:`_wait_for`."""
     tl.store(kh_row + i * BK + ok, kh)
     tl.store(ah_row + i * BK + ok, ah)
     tl.store(sc_row + 2 * i, ahq)
@@ -648,7 +648,11 @@ def _gate_store_t(
         tl.store(cs + 2, anorm)
         tl.store(cs + 3, knorm)
     if PUBLISH > 0:
-        if ((i + 1) % PUBLISH == 0) | (i + 1 == n_steps):
+        # every PUBLISH tokens, and in the last block when 2^j tokens are left (16, 8, ..., 1,
+        # 0): the state programs, one published block behind, then finish a token after the
+        # gate program instead of a block after it (a few publishes more, once per segment)
+        left = n_steps - 1 - i
+        if ((i + 1) % PUBLISH == 0) | (((left & (left - 1)) == 0) & (left < PUBLISH)):
             tl.debug_barrier()
             tl.atomic_xchg(progress_ptr + i_bh, i + 1, sem="release")
 
@@ -810,9 +814,14 @@ def _gate_pass(
             f = tl.where(t_begin + f + off == 0, f + per, f)
             f = tl.minimum(f, i1).to(tl.int32)
             n_nudges = tl.where(f < i1, (i1 - 1 - f) // nudge_period + 1, 0)
-            start = i0
+            # Each period's first token is computed from r, not carried from the previous
+            # period: Triton 3.6's TTGIR passes dropped a carried lower bound and restarted
+            # every period at i0 (wrong results on the H200, bitwise right in the interpreter).
             for r in range(0, n_nudges + 1):
                 p = tl.minimum(f.to(tl.int64) + r * per, i1).to(tl.int32)
+                start = tl.where(
+                    r == 0, i0, tl.minimum(f.to(tl.int64) + (r - 1) * per + 1, i1).to(tl.int32)
+                )
                 for i in range(start, p):
                     A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
                         _gate_token_ahead(
@@ -833,7 +842,6 @@ def _gate_pass(
                             DOWNDATE, SPLIT, NUDGE_ALWAYS, SAVE_CHAIN, PUBLISH,
                         )
                     )  # fmt: skip
-                start = tl.minimum(p + 1, i1)
         elif KEY_AHEAD:
             for i in range(i0, i1):
                 A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = _gate_token_ahead(
@@ -992,11 +1000,13 @@ def vla_gate_kernel(
 @triton.jit
 def _wait_for(ptr, need):
     """Spin until the int32 at ``ptr`` is at least ``need`` (acquire: what its writer stored
-    before releasing the count is visible after).  Only :func:`vla_stream_kernel` calls it,
-    where the writer is a program that started earlier (its ticket), so it always finishes."""
+    before releasing the count is visible after); returns the count seen.  Only
+    :func:`vla_stream_kernel` calls it, where the writer is a program that started earlier (its
+    ticket), so it always finishes."""
     seen = tl.atomic_add(ptr, 0, sem="acquire")
     while seen < need:
         seen = tl.atomic_add(ptr, 0, sem="acquire")
+    return seen
 
 
 @triton.jit
@@ -1060,7 +1070,7 @@ def _state_pass(
     q_n = tl.load(q_ptr + base_k + t_begin * stride_k + ok, mask=mk, other=0.0).to(ACC)
     v_n = tl.load(v_ptr + base_v + t_begin * stride_v + ov, mask=mv, other=0.0).to(ACC)
     if WAIT > 0:
-        _wait_for(progress_ptr + i_bh, tl.minimum(WAIT + 1, n_steps))
+        seen = _wait_for(progress_ptr + i_bh, 1)
     kh_n = tl.load(kh_row + ok, cache_modifier=GATE_CACHE)
     ah_n = tl.load(ah_row + ok, cache_modifier=GATE_CACHE)
     ahq_n = tl.load(sc_row, cache_modifier=GATE_CACHE)
@@ -1078,9 +1088,12 @@ def _state_pass(
         q_n = tl.load(q_ptr + base_k + t_next * stride_k + ok, mask=mk, other=0.0).to(ACC)
         v_n = tl.load(v_ptr + base_v + t_next * stride_v + ov, mask=mv, other=0.0).to(ACC)
         if WAIT > 0:
-            if (i % WAIT == 0) & (i > 0):
-                # the loads below run one token ahead: wait for the gates of the next block
-                _wait_for(progress_ptr + i_bh, tl.minimum(i + WAIT + 1, n_steps))
+            # the loads below run one token ahead; wait only when that token's gates are not
+            # yet published (a count seen earlier covers every token below it), so that the
+            # state programs run at most one published block behind the gate program and the
+            # tail after it is one block, not two
+            if i_next >= seen:
+                seen = _wait_for(progress_ptr + i_bh, i_next + 1)
         kh_n = tl.load(kh_row + i_next * BK + ok, cache_modifier=GATE_CACHE)
         ah_n = tl.load(ah_row + i_next * BK + ok, cache_modifier=GATE_CACHE)
         ahq_n = tl.load(sc_row + 2 * i_next, cache_modifier=GATE_CACHE)
