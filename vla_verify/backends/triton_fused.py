@@ -245,7 +245,7 @@ def _forward(
     gate_num_warps: int | None = None,
     forward_segment: int | None = None,
     pipeline_gate: bool = True,
-    split_sums: int = 1,
+    split_sums: int | None = 1,
     overlap_passes: bool | None = None,
     nudge_branch: bool | None = None,
     split_after_load: bool | None = None,
@@ -392,7 +392,9 @@ def _forward(
     if side is not None:
         main.wait_stream(side)
     zT = z_in
-    return o, (s_in.mT.contiguous(), a_in.mT.contiguous(), zT), ck
+    # The final S and A as transposed views of the kernels' buffers, not copies: two copy
+    # kernels of B·H·dk·(dk + dv) floats were part of the forward's fixed cost (T = 1024).
+    return o, (s_in.mT, a_in.mT, zT), ck
 
 
 _Grads = tuple[torch.Tensor, ...]
@@ -437,7 +439,7 @@ def _backward_fused(
     return dq, dk_, dv_, du, ds0, da0, dz0
 
 
-def _gate_split(split_sums: int, bk: int, tile_io: bool) -> int:
+def _gate_split(split_sums: int | None, bk: int, tile_io: bool) -> int:
     """The gate kernel's ``SPLIT``: ``split_sums`` (at most BK), but 1 when the kernel loads or
     stores the ``A`` tile (a given initial state, a later forward segment, the backward's rerun,
     checkpoints).  On the H200 (Triton 3.6) the split loop compiled beside a tile load ran 20-50x
@@ -447,6 +449,11 @@ def _gate_split(split_sums: int, bk: int, tile_io: bool) -> int:
     ``two_pass_sweeps/run6_83aef0f_options.json``), while the one-chain loop did not care.
     The state and fused kernels keep one chain: split sums made them slower there
     (state pass at dk = 128 3.3 against 2.5 ms, fused forward at dk = 64 7.4 against 6.3)."""
+    if split_sums is None:
+        # 8 at BK = 128: the H200 forward at T = 1024 / 4096, bf16, 1.309 -> 1.284 and
+        # 5.163 -> 5.062 ms (16: 1.318, 5.203; 32: 1.346, 5.310); at BK = 64 4 stays (16:
+        # 0.900 -> 0.924 ms); stream/gate_sweep_*.json
+        split_sums = 8 if bk > 64 else 4
     return 1 if tile_io else min(split_sums, bk)
 
 
@@ -477,16 +484,19 @@ def _stream(option: bool | None) -> bool:
 
 
 #: Tokens per progress count of :func:`kernels.vla_stream_kernel`: the gate programs publish
-#: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and the state programs run at
-#: most ``2·_STREAM_BLOCK`` tokens behind them.
+#: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and a state program waits
+#: only when the next token's gates are not yet published: it runs at most one block behind.
 _STREAM_BLOCK = 32
 
 
 def _period_loop(option: bool | None, bk: int) -> bool:
-    """Option ``period_loop``: off by default until measured on the H200 (offline Triton 3.6
-    SASS: the BK = 128 token loop without the nudge 884 instructions per token against 1305 with
-    the select; BK = 64 564 against 669 with the nudge branch)."""
-    return False if option is None else bool(option)
+    """Option ``period_loop``, by default on at BK = 64 only, as measured on the H200
+    (``stream/gate_sweep_*.json``, bf16, B = 1, H = 16): at dk = 64 the forward went 0.900 ->
+    0.871 ms (T = 1024) and 3.535 -> 3.421 ms (T = 4096); at dk = 128 the nested loops compile to
+    a token loop twice as slow (1.309 -> 2.744 ms streamed, the gate kernel alone too) although
+    the offline SASS of its loop between nudges is shorter (884 against 1310 instructions, a
+    longer dependency chain).  Narrower tiles are not measured, so they keep the select."""
+    return bk == 64 if option is None else bool(option)
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
@@ -740,7 +750,7 @@ def fused_recurrent_vla(
     backward_segment: int | None = None,
     forward_segment: int | None = None,
     pipeline_gate: bool = True,
-    split_sums: int = 4,
+    split_sums: int | None = None,
     overlap_passes: bool | None = None,
     nudge_branch: bool | None = None,
     split_after_load: bool | None = None,
@@ -791,8 +801,8 @@ def fused_recurrent_vla(
         dependent reductions per token instead of four, the same operations (default on).
     split_sums : the gate kernel's sums down the tile's axis 0 (``A u``, ``A k̂``) as this many
         interleaved partial sums (:func:`kernels._colsum`; a power of two, 1 = one chain;
-        default 4).  Only where the gate kernel starts from ``A_0 = I/lambda0`` (see
-        :func:`_gate_split` for why).
+        default 8 at dk > 64, else 4).  Only where the gate kernel starts from
+        ``A_0 = I/lambda0`` (see :func:`_gate_split` for why, and for the defaults).
     overlap_passes : two-pass forward on a GPU with ``stream_passes=False``: cut T into 8
         segments (whole checkpoint chunks; ``forward_segment`` overrides) and run each
         segment's state pass on a side stream while the gate pass goes on with the next
@@ -861,7 +871,7 @@ def fused_recurrent_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"downdate must be one of {sorted(DOWNDATES)}, got {downdate!r}", "downdate"
         )
-    if split_sums < 1 or split_sums & (split_sums - 1):
+    if split_sums is not None and (split_sums < 1 or split_sums & (split_sums - 1)):
         raise UnsupportedConfigurationError(
             _NAME, f"split_sums must be a power of two >= 1, got {split_sums}", "split_sums"
         )
@@ -896,7 +906,7 @@ def fused_recurrent_vla(
         "backward_segment": backward_segment,
         "forward_segment": forward_segment,
         "pipeline_gate": bool(pipeline_gate),
-        "split_sums": int(split_sums),
+        "split_sums": None if split_sums is None else int(split_sums),
         "overlap_passes": overlap_passes,
         "nudge_branch": nudge_branch,
         "split_after_load": split_after_load,
@@ -944,7 +954,7 @@ class TritonFusedBackend(Backend):
             "schedule": "auto",
             "gate_num_warps": None,
             "pipeline_gate": True,
-            "split_sums": 4,
+            "split_sums": None,
             "overlap_passes": None,
             "split_after_load": None,
             "gate": "recurrent",
@@ -992,7 +1002,7 @@ class TritonFusedBackend(Backend):
             schedule=str(self.options["schedule"]),
             gate_num_warps=self.options["gate_num_warps"],
             pipeline_gate=bool(self.options["pipeline_gate"]),
-            split_sums=int(self.options["split_sums"]),
+            split_sums=self.options["split_sums"],
             overlap_passes=self.options["overlap_passes"],
             split_after_load=self.options["split_after_load"],
             gate=str(self.options["gate"]),
