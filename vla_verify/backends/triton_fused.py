@@ -345,7 +345,7 @@ def _forward(
             "NORM_GATE": config.normalize_gate, "BUG": bug, "DOWNDATE": downdate,
             "PIPELINE": pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "KEY_AHEAD": key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            "PERIOD_LOOP": _period_loop(period_loop, bk)
+            "PERIOD_LOOP": _period_loop(period_loop, bk, save_checkpoints)
             and key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "SPLIT": _gate_split(
                 split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
@@ -489,14 +489,19 @@ def _stream(option: bool | None) -> bool:
 _STREAM_BLOCK = 32
 
 
-def _period_loop(option: bool | None, bk: int) -> bool:
-    """Option ``period_loop``, by default on at BK = 64 only, as measured on the H200
-    (``stream/gate_sweep_*.json``, bf16, B = 1, H = 16): at dk = 64 the forward went 0.900 ->
-    0.871 ms (T = 1024) and 3.535 -> 3.421 ms (T = 4096); at dk = 128 the nested loops compile to
-    a token loop twice as slow (1.309 -> 2.744 ms streamed, the gate kernel alone too) although
-    the offline SASS of its loop between nudges is shorter (884 against 1310 instructions, a
-    longer dependency chain).  Narrower tiles are not measured, so they keep the select."""
-    return bk == 64 if option is None else bool(option)
+def _period_loop(option: bool | None, bk: int, checkpoints: bool) -> bool:
+    """Option ``period_loop``, by default on only where it was measured faster on the H200: the
+    forward without checkpoints (inference) at BK = 64 (``stream/gate_sweep_*.json``, bf16,
+    B = 1, H = 16: T = 1024 0.900 -> 0.871 ms, T = 4096 3.535 -> 3.421 ms).  Off by default
+    where the gate loop also stores checkpoints or the backward reruns it: with it there,
+    forward + backward at dk = 64 went 6.20 -> 6.69 ms (T = 1024) and 25.1 -> 27.7 ms
+    (T = 4096; pytest-benchmark, ``0006`` against ``0005``).  Off at dk = 128: the nested loops
+    compile to a token loop twice as slow (1.309 -> 2.744 ms streamed; the gate kernel alone
+    too) although the offline SASS of its loop between nudges is shorter (884 against 1310
+    instructions, with a longer dependency chain).  Narrower tiles are not measured."""
+    if option is not None:
+        return bool(option)
+    return bk == 64 and not checkpoints
 
 
 def _nudge_branch(option: bool | None, bk: int) -> bool:
@@ -613,7 +618,7 @@ def _backward_two_pass(
             LOAD_PLAIN=split_after_load,
             NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
             KEY_AHEAD=options["key_ahead"] and options["pipeline_gate"],
-            PERIOD_LOOP=_period_loop(options["period_loop"], bk)
+            PERIOD_LOOP=_period_loop(options["period_loop"], bk, True)
             and options["key_ahead"] and options["pipeline_gate"],
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
