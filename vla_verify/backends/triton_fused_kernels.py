@@ -809,7 +809,9 @@ def _gate_pass(
             # multiple of the period (int64: the period may be 2**31 - 1, "never").
             off = 0 if BUG == 2 else 1
             x = (t_begin + i0 + off).to(tl.int64)
-            per = nudge_period.to(tl.int64)
+            # (x·0 + period, not period.to(int64): a period of 1 is specialised to a Python
+            # int by the launcher, which has no .to on the GPU)
+            per = x * 0 + nudge_period
             f = i0 + (per - x % per) % per
             f = tl.where(t_begin + f + off == 0, f + per, f)
             f = tl.minimum(f, i1).to(tl.int32)
