@@ -392,8 +392,8 @@ def _forward(
     if side is not None:
         main.wait_stream(side)
     zT = z_in
-    # The final S and A as transposed views of the kernels' buffers, not copies: two copy
-    # kernels of B·H·dk·(dk + dv) floats were part of the forward's fixed cost (T = 1024).
+    # The final S and A as transposed views of the kernels' buffers (which hold them
+    # transposed), not copies: no copy kernels in the forward's fixed cost.
     return o, (s_in.mT, a_in.mT, zT), ck
 
 
@@ -495,10 +495,12 @@ def _period_loop(option: bool | None, bk: int, checkpoints: bool) -> bool:
     B = 1, H = 16: T = 1024 0.900 -> 0.871 ms, T = 4096 3.535 -> 3.421 ms).  Off by default
     where the gate loop also stores checkpoints or the backward reruns it: with it there,
     forward + backward at dk = 64 went 6.20 -> 6.69 ms (T = 1024) and 25.1 -> 27.7 ms
-    (T = 4096; pytest-benchmark, ``0006`` against ``0005``).  Off at dk = 128: the nested loops
-    compile to a token loop twice as slow (1.309 -> 2.744 ms streamed; the gate kernel alone
-    too) although the offline SASS of its loop between nudges is shorter (884 against 1310
-    instructions, with a longer dependency chain).  Narrower tiles are not measured."""
+    (T = 4096; pytest-benchmark against ``0005_5631f4d``,
+    ``stream/pytest_benchmark_fbadab6_regressed.json``).  Off at dk = 128: the nested loops
+    compile to a token loop twice as slow (1.319 -> 2.744 ms streamed at T = 1024,
+    ``stream/period_loop_fixed.json``; the gate kernel alone too) although the offline SASS of
+    its loop between nudges is shorter (884 against 1310 instructions, with a longer dependency
+    chain).  Narrower tiles are not measured."""
     if option is not None:
         return bool(option)
     return bk == 64 and not checkpoints

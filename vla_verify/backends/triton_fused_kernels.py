@@ -1092,8 +1092,8 @@ def _state_pass(
         if WAIT > 0:
             # the loads below run one token ahead; wait only when that token's gates are not
             # yet published (a count seen earlier covers every token below it), so that the
-            # state programs run at most one published block behind the gate program and the
-            # tail after it is one block, not two
+            # state programs run at most one published block behind the gate program (with
+            # the last block's publishes of _gate_store_t, about a token at the end)
             if i_next >= seen:
                 seen = _wait_for(progress_ptr + i_bh, i_next + 1)
         kh_n = tl.load(kh_row + i_next * BK + ok, cache_modifier=GATE_CACHE)
