@@ -18,16 +18,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 #: (D, variant name, options of fused_recurrent_vla)
 VARIANTS: list[tuple[int, str, dict]] = [
     (128, "defaults", {}),
-    (128, "split_sums=8", {"split_sums": 8}),
-    (128, "split_sums=16", {"split_sums": 16}),
-    (128, "split_sums=32", {"split_sums": 32}),
-    (128, "split_sums=16,stream_block=64", {"split_sums": 16, "stream_block": 64}),
-    (128, "two_kernels", {"stream_passes": False}),
-    (128, "two_kernels,period_loop", {"stream_passes": False, "period_loop": True}),
+    (128, "nudge_scalar", {"nudge_scalar": True}),
+    (128, "nudge_scalar,split_sums=4", {"nudge_scalar": True, "split_sums": 4}),
+    (128, "nudge_scalar,split_sums=16", {"nudge_scalar": True, "split_sums": 16}),
+    (128, "nudge_scalar,two_kernels", {"nudge_scalar": True, "stream_passes": False}),
     (64, "defaults", {}),
-    (64, "split_sums=16", {"split_sums": 16}),
-    (64, "period_loop", {"period_loop": True}),
-    (64, "period_loop,split_sums=16", {"period_loop": True, "split_sums": 16}),
+    (64, "nudge_scalar", {"nudge_scalar": True, "period_loop": False}),
+    (
+        64,
+        "nudge_scalar,split_sums=8",
+        {"nudge_scalar": True, "period_loop": False, "split_sums": 8},
+    ),
 ]
 
 

@@ -61,14 +61,15 @@ _DTYPES = ("float32", "bfloat16", "float16", "float64")
 _NEVER = 2**31 - 1  # nudge period meaning "never" (t + 1 < 2**31 for any T we can hold)
 _NAME = "triton_fused"
 
-#: Planted bugs for the meta-tests (``planted_bug=`` of :func:`fused_recurrent_vla`).
 #: The forward's Sherman–Morrison downdate variants (kernel constexpr ``DOWNDATE``).
 DOWNDATES: dict[str, int] = {"exact": kernels.DOWNDATE_EXACT, "fma": kernels.DOWNDATE_FMA}
 
+#: Planted bugs for the meta-tests (``planted_bug=`` of :func:`fused_recurrent_vla`).
 PLANTED_BUGS: dict[str, int] = {
     "gate_from_previous_A": kernels.BUG_GATE_FROM_OLD_A,
     "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
     "backward_drops_dk_term": kernels.BUG_DK_SIGN,
+    "fold_drops_nudges": kernels.BUG_FOLD_DROPS_NUDGES,
 }
 
 
@@ -254,6 +255,7 @@ def _forward(
     stream_passes: bool | None = None,
     key_ahead: bool = True,
     period_loop: bool | None = None,
+    nudge_scalar: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -350,7 +352,10 @@ def _forward(
             "SPLIT": _gate_split(
                 split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
             ),
-            "LOAD_PLAIN": split_after_load, "NUDGE_BRANCH": _nudge_branch(nudge_branch, bk),
+            "LOAD_PLAIN": split_after_load,
+            "NUDGE_BRANCH": _nudge_branch(
+                nudge_branch, _nudge_scalar(nudge_scalar, bk, stream), bk
+            ),
         }  # fmt: skip
         if stream:
             # [0]: the ticket that assigns roles; [1:]: tokens done per (b, h); both start at 0
@@ -506,10 +511,26 @@ def _period_loop(option: bool | None, bk: int, checkpoints: bool) -> bool:
     return bk == 64 and not checkpoints
 
 
-def _nudge_branch(option: bool | None, bk: int) -> bool:
-    """The gate kernel's ``NUDGE_BRANCH``: the option, or by default BK ≤ 64 (offline SASS at
-    BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
-    return bk <= 64 if option is None else bool(option)
+def _nudge_scalar(option: bool | None, bk: int, stream: bool) -> bool:
+    """Option ``nudge_scalar``, by default on where the H200 measured it faster: the streamed
+    forward at BK = 128 (``stream/gate_sweep_646c312_scalar.json``, bf16, B = 1, H = 16, T =
+    1024 / 4096: 1.278 -> 1.171 ms and 5.058 -> 4.638 ms; offline SASS of the token loop 1317 ->
+    936 instructions, no spill).  Off in the two-kernel gate, which it made slower at BK = 128
+    (4.64 -> 8.01 ms at T = 4096 against the streamed forward with it), and so in the
+    backward's rerun; at BK = 64 the streamed forward is the same speed with it or with the
+    default period loop (3.439 against 3.442 ms at T = 4096)."""
+    if option is not None:
+        return bool(option)
+    return stream and bk > 64
+
+
+def _nudge_branch(option: bool | None, scalar: bool, bk: int) -> int:
+    """The gate kernel's ``NUDGE_BRANCH``: ``NUDGE_SCALAR`` where ``scalar``
+    (:func:`_nudge_scalar`); otherwise option ``nudge_branch``, by default BK ≤ 64 (offline
+    SASS at BK = 64: 794 -> 667 instructions per token, 234 registers, no spill)."""
+    if scalar:
+        return int(kernels.NUDGE_SCALAR.value)
+    return int(bk <= 64 if option is None else bool(option))
 
 
 #: Segments of the two-pass forward on a GPU, so that gate and state passes overlap
@@ -618,7 +639,10 @@ def _backward_two_pass(
             PIPELINE=options["pipeline_gate"],
             SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
             LOAD_PLAIN=split_after_load,
-            NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], bk), num_warps=gate_warps,
+            NUDGE_BRANCH=_nudge_branch(
+                options["nudge_branch"], _nudge_scalar(options["nudge_scalar"], bk, False), bk
+            ),
+            num_warps=gate_warps,
             KEY_AHEAD=options["key_ahead"] and options["pipeline_gate"],
             PERIOD_LOOP=_period_loop(options["period_loop"], bk, True)
             and options["key_ahead"] and options["pipeline_gate"],
@@ -700,6 +724,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
             split_sums=options["split_sums"],
             overlap_passes=options["overlap_passes"],
             nudge_branch=options["nudge_branch"],
+            nudge_scalar=options["nudge_scalar"],
             split_after_load=options["split_after_load"],
             gate=options["gate"],
             gate_chunk=options["gate_chunk"],
@@ -766,6 +791,7 @@ def fused_recurrent_vla(
     stream_passes: bool | None = None,
     key_ahead: bool = True,
     period_loop: bool | None = None,
+    nudge_scalar: bool | None = None,
     bwd_num_warps: int | None = None,
     check_finite: bool = False,
     planted_bug: str | None = None,
@@ -847,6 +873,12 @@ def fused_recurrent_vla(
         step compiled without the nudge and each nudge token with one compiled with it, instead
         of a select over the tile every token (the same result, bit for bit).  Default: see
         :func:`_period_loop`.
+    nudge_scalar : pipelined gate: keep ``A`` as ``B + c·I`` with a scalar ``c``, so that the
+        nudge ``A += η·I`` is ``c += η`` and the gate reads ``A x = B x + c x`` (two vector
+        FMAs) instead of a select and an add over the tile every token; ``c`` is folded into
+        the tile's diagonal every 64 tokens (and at checkpoints and the end), so it stays below
+        ``η·⌈64 / nudge_period⌉``.  The same step up to rounding.  Default: see
+        :func:`_nudge_scalar` (on in the streamed forward at dk > 64).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
@@ -916,6 +948,7 @@ def fused_recurrent_vla(
         "split_sums": None if split_sums is None else int(split_sums),
         "overlap_passes": overlap_passes,
         "nudge_branch": nudge_branch,
+        "nudge_scalar": nudge_scalar,
         "split_after_load": split_after_load,
         "gate": gate,
         "gate_chunk": gate_chunk,
@@ -939,7 +972,7 @@ class TritonFusedBackend(Backend):
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: ``block_v``,
     ``num_warps``, ``checkpoint_every``, ``downdate``, ``schedule``, ``gate_num_warps``,
     ``pipeline_gate``, ``split_sums``, ``overlap_passes``, ``split_after_load``, ``gate``,
-    ``gate_chunk``, ``stream_passes``, ``key_ahead``, ``period_loop`` (see
+    ``gate_chunk``, ``stream_passes``, ``key_ahead``, ``period_loop``, ``nudge_scalar`` (see
     :func:`fused_recurrent_vla`).
     """
 
@@ -969,6 +1002,7 @@ class TritonFusedBackend(Backend):
             "stream_passes": None,
             "key_ahead": True,
             "period_loop": None,
+            "nudge_scalar": None,
         },
     )
 

@@ -75,11 +75,18 @@ BUG_NONE = 0
 BUG_GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
 BUG_NUDGE_ONE_STEP_LATE = 2  # nudge after step t with (t − 1) % period == 0
 BUG_DK_SIGN = 3  # backward: drop the -S_{t-1}ᵀ de term of dk̂
+BUG_FOLD_DROPS_NUDGES = 4  # NUDGE_SCALAR: each fold zeroes c without adding it to the tile
 
 # How a pipelined gate step adds the nudge: NUDGE_BRANCH False/True (a select over the tile every
-# step / under a branch), or, from the period loop of _gate_pass, known at compile time.
+# step / under a branch), or, from the period loop of _gate_pass, known at compile time, or
+# NUDGE_SCALAR: A is kept as B + c·I, the nudge adds η to the scalar c, and _gate_pass folds c
+# into the tile's diagonal once every FOLD_EVERY tokens.
 NUDGE_NEVER = tl.constexpr(3)
 NUDGE_ALWAYS = tl.constexpr(4)
+NUDGE_SCALAR = tl.constexpr(5)
+#: Tokens between folds of the scalar shift c into the tile (NUDGE_SCALAR): c then stays below
+#: η·⌈FOLD_EVERY / nudge_period⌉, so B = A − c·I loses nothing to cancellation.
+FOLD_EVERY = tl.constexpr(64)
 
 # The Sherman–Morrison downdate of A (a performance/accuracy trade-off, option ``downdate``).
 DOWNDATE_EXACT = 0  # A − (s_i s_j)/δ, correctly rounded division per entry (the oracle's order)
@@ -370,6 +377,7 @@ def _gate_pipelined_t(
     zk_next=0.0,
     q_next=0.0,
     KEY_AHEAD: tl.constexpr = False,
+    c=0.0,
 ):
     """:func:`_gate_t` with the next token's Sherman–Morrison vector computed one step ahead.
 
@@ -385,6 +393,12 @@ def _gate_pipelined_t(
     ``zk_next = z_t + k_{t+1}``, join the same reduction (five sums in one), so that the key
     half costs no reduction of its own on the token's critical path; otherwise they are
     returned as zeros' stand-ins and :func:`_key_t` runs in the token.
+
+    ``NUDGE_BRANCH == NUDGE_SCALAR``: ``At`` holds ``B`` with ``A = B + c·I`` (spec §2.3's
+    nudge ``A += η·I`` is ``c += η``), so ``α_t = B k̂_t + c k̂_t`` and ``s_{t+1} = B u_{t+1} +
+    c u_{t+1}``: a scalar add and two vector FMAs instead of a select and an add over the tile
+    per token.  The downdate acts on ``B`` (``A − s sᵀ/δ = (B − s sᵀ/δ) + c·I``).  Returns
+    ``c`` last (unchanged in the other modes).
     """
     delta = tl.maximum(delta_raw, sm_floor)
     if BUG == 2:
@@ -401,6 +415,8 @@ def _gate_pipelined_t(
         pass  # the caller knows no nudge falls on this token (_gate_pass, PERIOD_LOOP)
     elif NUDGE_BRANCH == NUDGE_ALWAYS:
         At = At + tl.where(eye, nudge_eta, 0.0)  # the caller knows one does
+    elif NUDGE_BRANCH == NUDGE_SCALAR:
+        c = c + eta
     elif NUDGE_BRANCH:
         # Only on nudge steps: the select over the tile was ~12% of the gate kernel's time per
         # token at dk = 64 (gate_anatomy.json); a tile-valued branch spills at BK = 128.
@@ -409,6 +425,9 @@ def _gate_pipelined_t(
     else:
         At = At + tl.where(eye, eta, 0.0)
     alpha, s_next = _colsum_pair(At * kh[:, None], At * u_next[:, None], SPLIT)
+    if NUDGE_BRANCH == NUDGE_SCALAR:
+        alpha = tl.fma(kh, c, alpha)
+        s_next = tl.fma(u_next, c, s_next)
     if KEY_AHEAD:
         aa, aq, us, kk, zq = tl.reduce(
             (alpha * alpha, alpha * q, u_next * s_next, k_next * k_next, zk_next * q_next),
@@ -427,7 +446,7 @@ def _gate_pipelined_t(
     else:
         ah = alpha
         ahq = aq
-    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, kk, zq
+    return At, ah, ahq, s, delta_raw, delta, anorm, s_next, 1.0 + us, kk, zq, c
 
 
 @triton.jit
@@ -659,7 +678,7 @@ def _gate_store_t(
 
 @triton.jit
 def _gate_token_ahead(
-    i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn,
+    i, t_begin, t_last, A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn,
     q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr, cs_ptr, progress_ptr, i_bh, n_steps,
     base_k, stride_k, ok, mk, eye, nudge_period, nudge_eta, sm_floor, norm_eps,
     BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr, BUG: tl.constexpr,
@@ -680,9 +699,9 @@ def _gate_token_ahead(
     zq = zq_c
     knorm = knorm_c
     z = z + k_c  # as _key_t
-    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, kk_c, zq_c = _gate_pipelined_t(
+    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, kk_c, zq_c, c = _gate_pipelined_t(
         A, s_n, dr_n, kh, u_n, q_c, t, eye, nudge_period, nudge_eta, sm_floor,
-        norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE, k_n, z + k_n, q_n, True,
+        norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE, k_n, z + k_n, q_n, True, c,
     )  # fmt: skip
     knorm_c = _sqrt(kk_c, ACC)  # the next token's k̂, as _key_t forms it
     kh_c = _div(k_n, tl.maximum(knorm_c, norm_eps), ACC)
@@ -690,7 +709,7 @@ def _gate_token_ahead(
         i, kh, ah, ahq, zq, s, delta_raw, delta, anorm, knorm, kh_row, ah_row, sc_row, sv_ptr,
         cs_ptr, progress_ptr, i_bh, n_steps, ok, BK, SAVE_CHAIN, PUBLISH,
     )  # fmt: skip
-    return A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_n, q_n, k_nn, q_nn, u_nn
+    return A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_n, q_n, k_nn, q_nn, u_nn
 
 
 @triton.jit
@@ -792,15 +811,24 @@ def _gate_pass(
     # at a checkpoint, stored before the block's token loop (a tile store under a branch in
     # the token loop cost the BK = 128 loop 196 spilled instructions per token in the offline
     # SASS, 14 this way).
+    # NUDGE_SCALAR: blocks of FOLD_EVERY tokens (or of CK), at whose start c is folded into the
+    # tile: one select over the tile per block instead of one per token.
+    c = tl.zeros([], dtype=ACC)  # A = tile + c·I (NUDGE_SCALAR; otherwise 0 throughout)
     if SAVE_CKPT:
         block = CK
+    elif NUDGE_BRANCH == NUDGE_SCALAR:
+        block = FOLD_EVERY
     else:
         block = n_steps
     for i0 in range(0, n_steps, block):
+        if NUDGE_BRANCH == NUDGE_SCALAR:
+            if BUG != 4:
+                A = A + tl.where(eye, c, 0.0)
+            c = c * 0.0
         if SAVE_CKPT:
-            c = (i_bh * (NC + 1) + (t_begin + i0) // CK).to(tl.int64)
-            tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
-            tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+            slot = (i_bh * (NC + 1) + (t_begin + i0) // CK).to(tl.int64)
+            tl.store(cka_ptr + slot * DK * DK + off_kk, A, mask=m_kk)
+            tl.store(ckz_ptr + slot * DK + ok, z, mask=mk)
         i1 = tl.minimum(i0 + block, n_steps)
         if PERIOD_LOOP:
             # Tokens between nudges run a step compiled without the nudge, each nudge token one
@@ -825,9 +853,9 @@ def _gate_pass(
                     r == 0, i0, tl.minimum(f.to(tl.int64) + (r - 1) * per + 1, i1).to(tl.int32)
                 )
                 for i in range(start, p):
-                    A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
+                    A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
                         _gate_token_ahead(
-                            i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
+                            i, t_begin, t_last, A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
                             k_n, q_n, u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr,
                             cs_ptr, progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye,
                             nudge_period, nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG,
@@ -835,9 +863,9 @@ def _gate_pass(
                         )
                     )  # fmt: skip
                 for i in range(p, tl.minimum(p + 1, i1)):  # the nudge token, if any
-                    A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
+                    A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
                         _gate_token_ahead(
-                            i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
+                            i, t_begin, t_last, A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
                             k_n, q_n, u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr,
                             cs_ptr, progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye,
                             nudge_period, nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG,
@@ -846,12 +874,14 @@ def _gate_pass(
                     )  # fmt: skip
         elif KEY_AHEAD:
             for i in range(i0, i1):
-                A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = _gate_token_ahead(
-                    i, t_begin, t_last, A, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n,
-                    u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr, cs_ptr,
-                    progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye, nudge_period,
-                    nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
-                    NUDGE_BRANCH, SAVE_CHAIN, PUBLISH,
+                A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c, k_n, q_n, u_nn = (
+                    _gate_token_ahead(
+                        i, t_begin, t_last, A, c, z, s_n, dr_n, kh_c, zq_c, knorm_c, k_c, q_c,
+                        k_n, q_n, u_nn, q_ptr, k_ptr, u_ptr, kh_row, ah_row, sc_row, sv_ptr,
+                        cs_ptr, progress_ptr, i_bh, n_steps, base_k, stride_k, ok, mk, eye,
+                        nudge_period, nudge_eta, sm_floor, norm_eps, BK, NORM_GATE, ACC, BUG,
+                        DOWNDATE, SPLIT, NUDGE_BRANCH, SAVE_CHAIN, PUBLISH,
+                    )
                 )  # fmt: skip
         else:
             for i in range(i0, i1):
@@ -870,11 +900,11 @@ def _gate_pass(
                     u_n = tl.load(u_ptr + nk + ok, mask=mk, other=0.0).to(ACC)
                 z, kh, zq, knorm = _key_t(z, k_t, q_t, norm_eps, ACC)
                 if PIPELINE:
-                    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, _kk, _zq = (
+                    A, ah, ahq, s, delta_raw, delta, anorm, s_n, dr_n, _kk, _zq, c = (
                         _gate_pipelined_t(
                             A, s_n, dr_n, kh, u_n, q_t, t, eye, nudge_period, nudge_eta,
                             sm_floor, norm_eps, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT,
-                            NUDGE_BRANCH,
+                            NUDGE_BRANCH, 0.0, 0.0, 0.0, False, c,
                         )
                     )  # fmt: skip
                 else:
@@ -887,12 +917,14 @@ def _gate_pass(
                     sc_row, sv_ptr, cs_ptr, progress_ptr, i_bh, n_steps, ok, BK, SAVE_CHAIN,
                     PUBLISH,
                 )  # fmt: skip
+    if NUDGE_BRANCH == NUDGE_SCALAR and BUG != 4:
+        A = A + tl.where(eye, c, 0.0)
     tl.store(aT_ptr + i_bh * DK * DK + off_kk, A, mask=m_kk)
     tl.store(zT_ptr + i_bh * DK + ok, z, mask=mk)
     if SAVE_CKPT:
-        c = (i_bh * (NC + 1) + NC).to(tl.int64)
-        tl.store(cka_ptr + c * DK * DK + off_kk, A, mask=m_kk)
-        tl.store(ckz_ptr + c * DK + ok, z, mask=mk)
+        slot = (i_bh * (NC + 1) + NC).to(tl.int64)
+        tl.store(cka_ptr + slot * DK * DK + off_kk, A, mask=m_kk)
+        tl.store(ckz_ptr + slot * DK + ok, z, mask=mk)
 
 
 @triton.jit(do_not_specialize=["a_stride"])
