@@ -350,7 +350,10 @@ def _forward(
             "PERIOD_LOOP": _period_loop(period_loop, bk, save_checkpoints)
             and key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "SPLIT": _gate_split(
-                split_sums, bk, (init["HAS_INIT"] or save_checkpoints) and not split_after_load
+                split_sums,
+                bk,
+                (init["HAS_INIT"] or (save_checkpoints and not (stream and _SPLIT_STREAM_CKPT)))
+                and not split_after_load,
             ),
             "LOAD_PLAIN": split_after_load,
             "NUDGE_BRANCH": _nudge_branch(
@@ -487,6 +490,9 @@ def _stream(option: bool | None) -> bool:
     tokens behind the gate programs (recurrent gate only)."""
     return True if option is None else bool(option)
 
+
+#: Whether the streamed forward keeps its split sums while it stores checkpoints (being measured).
+_SPLIT_STREAM_CKPT = False
 
 #: Tokens per progress count of :func:`kernels.vla_stream_kernel`: the gate programs publish
 #: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and a state program waits
