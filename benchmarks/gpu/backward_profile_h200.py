@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 #: (variant name, options of fused_recurrent_vla)
 VARIANTS: list[tuple[str, dict]] = [
     ("defaults", {}),
-    ("split_stream_ckpt", {"split_stream_ckpt": True}),
     ("split_after_load", {"split_after_load": True}),
     ("split_after_load,nudge_scalar", {"split_after_load": True, "nudge_scalar": True}),
 ]
@@ -45,16 +44,8 @@ def main() -> int:
     def step(x: dict, kw: dict):  # type: ignore[no-untyped-def]
         leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "u")]
 
-        kw = dict(kw)
-        split_ckpt = kw.pop("split_stream_ckpt", False)  # sets tf._SPLIT_STREAM_CKPT
-
         def fn():  # type: ignore[no-untyped-def]
-            old = tf._SPLIT_STREAM_CKPT
-            tf._SPLIT_STREAM_CKPT = split_ckpt
-            try:
-                o = tf.fused_recurrent_vla(*leaves, **kw)[0]
-            finally:
-                tf._SPLIT_STREAM_CKPT = old
+            o = tf.fused_recurrent_vla(*leaves, **kw)[0]
             return torch.autograd.grad(o, leaves, x["do"])
 
         return fn

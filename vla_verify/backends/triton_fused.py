@@ -352,8 +352,10 @@ def _forward(
             "SPLIT": _gate_split(
                 split_sums,
                 bk,
-                (init["HAS_INIT"] or (save_checkpoints and not (stream and _SPLIT_STREAM_CKPT)))
-                and not split_after_load,
+                # the streamed kernel keeps its split sums while it stores checkpoints:
+                # forward + backward at dk = 128, T = 4096 51.5 -> 49.1 ms (the checkpointed
+                # forward 8.83 -> 6.37 ms; stream/backward_08c8bde.json)
+                (init["HAS_INIT"] or (save_checkpoints and not stream)) and not split_after_load,
             ),
             "LOAD_PLAIN": split_after_load,
             "NUDGE_BRANCH": _nudge_branch(
@@ -455,6 +457,9 @@ def _gate_split(split_sums: int | None, bk: int, tile_io: bool) -> int:
     against 3.6 ms; ``two_pass_sweeps/run5_c26525f.json``), and beside the checkpoint stores
     (forward + backward at T = 1024, dk = 64, one segment: 18.1 against 8.7 ms with segments,
     ``two_pass_sweeps/run6_83aef0f_options.json``), while the one-chain loop did not care.
+    The streamed kernel's checkpoint stores, outside its token loop, do not count as tile I/O
+    (its caller passes ``tile_io`` without them): one chain there made the checkpointed forward
+    at dk = 128 1.4x slower (``stream/backward_08c8bde.json``).
     The state and fused kernels keep one chain: split sums made them slower there
     (state pass at dk = 128 3.3 against 2.5 ms, fused forward at dk = 64 7.4 against 6.3)."""
     if split_sums is None:
@@ -490,9 +495,6 @@ def _stream(option: bool | None) -> bool:
     tokens behind the gate programs (recurrent gate only)."""
     return True if option is None else bool(option)
 
-
-#: Whether the streamed forward keeps its split sums while it stores checkpoints (being measured).
-_SPLIT_STREAM_CKPT = False
 
 #: Tokens per progress count of :func:`kernels.vla_stream_kernel`: the gate programs publish
 #: every ``_STREAM_BLOCK`` tokens (a barrier and an atomic each), and a state program waits
