@@ -364,6 +364,26 @@ def test_streamed_passes_are_the_two_kernels(name: str) -> None:
     _assert_same_bits(runs, case.shapes[1])
 
 
+def test_streamed_checkpointed_forward_keeps_split_sums() -> None:
+    """The streamed training forward (checkpoints stored, no initial state) splits its column
+    sums even where the tile is not loaded plainly (``split_after_load=False``, the dk = 128
+    default): outputs, final state and every gradient (the backward reruns from those
+    checkpoints) agree with one chain within 64·u·T (a regrouping of the same sums)."""
+    tf = _fused()
+    case = _case(12, T=13, dk=6, dv=5, state=False)
+    runs = []
+    for split in (1, 4):
+        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+              for a in (case.q, case.k, case.v, case.u)]  # fmt: skip
+        o, (S, A, z) = tf.fused_recurrent_vla(
+            *xs, config=VLAConfig(nudge_period=3), schedule="two_pass", checkpoint_every=4,
+            split_after_load=False, split_sums=split, backward_segment=8,
+        )  # fmt: skip
+        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
+        runs.append([o, S, A, z, *grads])
+    _assert_same_bits(runs, case.shapes[1], compiled=True)
+
+
 @pytest.mark.parametrize("segment", [None, 4], ids=["one_segment", "segments_of_4"])
 def test_key_ahead_is_the_key_step(segment: int | None) -> None:
     """``key_ahead`` (each next token's key sums inside the gate's last reduction) gives the
