@@ -343,11 +343,13 @@ def _forward(
         ah = torch.empty(B * H, n, bk, dtype=acc, device=dev)
         sc = torch.empty(B * H, n, 2, dtype=acc, device=dev)
         init = {**flags, "HAS_INIT": state0 is not None or t_begin > 0}
+        scalar = _nudge_scalar(nudge_scalar, bk, stream)
         gate_flags = {
             "NORM_GATE": config.normalize_gate, "BUG": bug, "DOWNDATE": downdate,
             "PIPELINE": pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "KEY_AHEAD": key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
-            "PERIOD_LOOP": _period_loop(period_loop, bk, save_checkpoints)
+            # the scalar shift removes the select the period loop avoids: it takes precedence
+            "PERIOD_LOOP": _period_loop(period_loop, bk, save_checkpoints) and not scalar
             and key_ahead and pipeline_gate and bug != kernels.BUG_GATE_FROM_OLD_A,
             "SPLIT": _gate_split(
                 split_sums,
@@ -358,9 +360,7 @@ def _forward(
                 (init["HAS_INIT"] or (save_checkpoints and not stream)) and not split_after_load,
             ),
             "LOAD_PLAIN": split_after_load,
-            "NUDGE_BRANCH": _nudge_branch(
-                nudge_branch, _nudge_scalar(nudge_scalar, bk, stream), bk
-            ),
+            "NUDGE_BRANCH": _nudge_branch(nudge_branch, scalar, bk),
         }  # fmt: skip
         if stream:
             # [0]: the ticket that assigns roles; [1:]: tokens done per (b, h); both start at 0
@@ -631,6 +631,7 @@ def _backward_two_pass(
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
     split_after_load = _split_after_load(options["split_after_load"], bk)
+    scalar = _nudge_scalar(options["nudge_scalar"], bk, False)  # the rerun is a two-kernel gate
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
@@ -647,12 +648,10 @@ def _backward_two_pass(
             PIPELINE=options["pipeline_gate"],
             SPLIT=_gate_split(options["split_sums"], bk, not split_after_load),
             LOAD_PLAIN=split_after_load,
-            NUDGE_BRANCH=_nudge_branch(
-                options["nudge_branch"], _nudge_scalar(options["nudge_scalar"], bk, False), bk
-            ),
+            NUDGE_BRANCH=_nudge_branch(options["nudge_branch"], scalar, bk),
             num_warps=gate_warps,
             KEY_AHEAD=options["key_ahead"] and options["pipeline_gate"],
-            PERIOD_LOOP=_period_loop(options["period_loop"], bk, True)
+            PERIOD_LOOP=_period_loop(options["period_loop"], bk, True) and not scalar
             and options["key_ahead"] and options["pipeline_gate"],
         )  # fmt: skip
         parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -885,8 +884,9 @@ def fused_recurrent_vla(
         nudge ``A += η·I`` is ``c += η`` and the gate reads ``A x = B x + c x`` (two vector
         FMAs) instead of a select and an add over the tile every token; ``c`` is folded into
         the tile's diagonal every 64 tokens (and at checkpoints and the end), so it stays below
-        ``η·⌈64 / nudge_period⌉``.  The same step up to rounding.  Default: see
-        :func:`_nudge_scalar` (on in the streamed forward at dk > 64).
+        ``η·⌈64 / nudge_period⌉``.  The same step up to rounding; where it is on,
+        ``period_loop`` is off.  Default: see :func:`_nudge_scalar` (on in the streamed forward
+        at dk > 64).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).
