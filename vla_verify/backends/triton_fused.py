@@ -525,8 +525,11 @@ def _nudge_scalar(option: bool | None, bk: int, stream: bool) -> bool:
     1024 / 4096: 1.278 -> 1.171 ms and 5.058 -> 4.638 ms; offline SASS of the token loop 1317 ->
     936 instructions, no spill).  Off in the two-kernel gate, which it made slower at BK = 128
     (4.64 -> 8.01 ms at T = 4096 against the streamed forward with it), and so in the
-    backward's rerun; at BK = 64 the streamed forward is the same speed with it or with the
-    default period loop (3.439 against 3.442 ms at T = 4096)."""
+    backward's rerun (7.87 -> 8.96 ms, ``stream/backward_0e808a0.json``); at BK = 64 the
+    streamed forward is the same speed with it or with the default period loop (3.439 against
+    3.442 ms at T = 4096).  The gate backward's walk with it (``NUDGE_SCALAR_WALK``: 2079 ->
+    1846 instructions per token offline at BK = 128, 17 -> 19 barriers) is not yet timed, so
+    off unless asked for (``stream=False`` there)."""
     if option is not None:
         return bool(option)
     return stream and bk > 64
@@ -631,7 +634,8 @@ def _backward_two_pass(
     z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
     gate_warps = options["gate_num_warps"] or _default_gate_warps(bk)
     split_after_load = _split_after_load(options["split_after_load"], bk)
-    scalar = _nudge_scalar(options["nudge_scalar"], bk, False)  # the rerun is a two-kernel gate
+    # the rerun is a two-kernel gate and the walk is not yet timed: both off unless asked for
+    scalar = _nudge_scalar(options["nudge_scalar"], bk, False)
     for t_begin in reversed(range(0, T, seg)):
         n = min(seg, T - t_begin)
         c = t_begin // every
@@ -673,6 +677,7 @@ def _backward_two_pass(
             BK=bk, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
             ACC=acc_tl, BUG=options["bug"], DOWNDATE=options["downdate"],
             num_warps=options["bwd_num_warps"] or _default_gate_bwd_warps(bk),
+            NUDGE_SCALAR_WALK=scalar,
         )  # fmt: skip
         dS, dA, dz = dS_begin, dA_begin, dz_begin
     return dq, dk_, dv_, du, dS.mT.contiguous(), dA.mT.contiguous(), dz
@@ -885,8 +890,9 @@ def fused_recurrent_vla(
         FMAs) instead of a select and an add over the tile every token; ``c`` is folded into
         the tile's diagonal every 64 tokens (and at checkpoints and the end), so it stays below
         ``η·⌈64 / nudge_period⌉``.  The same step up to rounding; where it is on,
-        ``period_loop`` is off.  Default: see :func:`_nudge_scalar` (on in the streamed forward
-        at dk > 64).
+        ``period_loop`` is off.  ``True`` also takes it into the two-pass backward (the gate
+        rerun, and the gate backward's walk, which undoes a nudge as ``c −= η``).  Default: see
+        :func:`_nudge_scalar` (on in the streamed forward at dk > 64, off in the backward).
     bwd_num_warps : warps of the fused backward kernel (default 4/8/16 for dk ≤ 32/64/128), or
         of the two-pass gate backward (default 2, 4, 8 for dk ≤ 32, 64, 128).
     check_finite : also refuse NaN/Inf inputs (one device sync).

@@ -1452,6 +1452,7 @@ def vla_gate_bwd_kernel(
     ACC: tl.constexpr,
     BUG: tl.constexpr,
     DOWNDATE: tl.constexpr,
+    NUDGE_SCALAR_WALK: tl.constexpr = False,
 ):
     """Backward of the key and penalty halves of spec §2.3 for one (b, h) over the segment
     ``t_begin ≤ t < t_begin + n_steps``, given the value-row sums of the state backward
@@ -1467,6 +1468,11 @@ def vla_gate_bwd_kernel(
     ``dk̂ = Σ(−S_{t-1}ᵀde) + A_tᵀdα``, ``dA += dα k̂ᵀ``; ``ds = −(dA + dAᵀ)s/δ``,
     ``dδ = sᵀdA s/δ²``, ``du = dδ s + A_{t-1}ᵀ ds``, ``dA += ds uᵀ`` (the adjoint equations of
     :func:`vla_bwd_kernel`); ``dk = dz + ∂k̂/∂k · dk̂``.  Writes ``dA, dz`` before the segment.
+
+    ``NUDGE_SCALAR_WALK``: the walk keeps ``A = B + c·I`` (the forward's ``NUDGE_SCALAR``, in
+    reverse): undoing a nudge is ``c −= η``, and ``Aᵀx = Bᵀx + c x`` in the two products with
+    ``A``; ``c`` starts at 0 at each chunk's checkpoint, so it never exceeds ``η·⌈CK /
+    nudge_period⌉``.  No select over the tile per token.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     i_b = i_bh // H
@@ -1489,6 +1495,7 @@ def vla_gate_bwd_kernel(
         c_end = i_bh * (NC + 1) + (t_begin + i0) // CK + 1
         A = tl.load(cka_ptr + c_end * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
         z = tl.load(ckz_ptr + c_end * DK + ok, mask=mk, other=0.0).to(ACC)
+        shift = tl.zeros([], dtype=ACC)  # A = tile + shift·I (NUDGE_SCALAR_WALK; else 0)
         for jj in range(nt):
             i = i0 + nt - 1 - jj
             t = t_begin + i
@@ -1531,6 +1538,8 @@ def vla_gate_bwd_kernel(
                 da = dah
             # α = A_t k̂: dk̂ += A_tᵀ dα (Σ_i A[i, j] dα_i = Σ_i Aᵀ[j, i] dα_i), dA += dα k̂ᵀ.
             dkh = dkh + tl.sum(A * da[None, :], axis=1)
+            if NUDGE_SCALAR_WALK:
+                dkh = tl.fma(da, shift, dkh)
             dA = dA + kh[:, None] * da[None, :]
             # A_t = A_{t-1} − s sᵀ/δ + η_t I, δ = max(1 + uᵀs, sm_floor), s = A_{t-1} u.
             P1 = tl.sum(dA * s[:, None], axis=0)  # (dA s)_i
@@ -1548,8 +1557,13 @@ def vla_gate_bwd_kernel(
                 A = tl.fma(s[:, None] * s[None, :], rd, A)
             else:
                 A = A + _div(s[:, None] * s[None, :], delta, ACC)
-            A = A - tl.where(eye, eta, 0.0)
-            du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
+            if NUDGE_SCALAR_WALK:
+                shift = shift - eta
+                du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
+                du = tl.fma(ds, shift, du)
+            else:
+                A = A - tl.where(eye, eta, 0.0)
+                du = du + tl.sum(A * ds[None, :], axis=1)  # A_{t-1}ᵀ ds
             dA = dA + u_t[:, None] * ds[None, :]  # dA[i, j] += ds_i u_j
             # k̂ = k / max(||k||, norm_eps).
             rk = _div(1.0, tl.maximum(knorm, norm_eps), ACC)
