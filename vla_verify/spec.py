@@ -111,8 +111,20 @@ class VLAConfig:
         return dataclasses.replace(self, **changes)
 
     def nudges_at(self, t: int) -> bool:
-        """Whether the nudge is applied after step ``t`` (1-based, spec §2.3)."""
+        """Whether the nudge is applied after global step ``t`` (1-based, spec §2.3): in a call
+        that continues a sequence from ``start`` consumed tokens, step ``t`` of the call is global
+        step ``start + t``."""
         return self.nudge_period is not None and t % self.nudge_period == 0
+
+
+def check_start(start: Any) -> int:
+    """Return ``start`` (the tokens consumed before a call, spec §2.3) if it is an integer
+    ``>= 0``, else raise :class:`~vla_verify.errors.ConfigError` naming ``start``."""
+    if isinstance(start, bool) or not isinstance(start, numbers.Integral):
+        raise ConfigError("start", f"expected an integer >= 0, got {start!r}")
+    if start < 0:
+        raise ConfigError("start", f"expected an integer >= 0, got {start}")
+    return int(start)
 
 
 def check_variant(variant: str) -> str:

@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..backends.registry import Backend, Capabilities
+from ..backends.registry import Backend, Capabilities, refuse_shifted_clock
 from ..errors import UnsupportedConfigurationError
 from ..spec import Shapes, VLAConfig
 
@@ -466,7 +466,8 @@ class FlaBackend(Backend):
         return None
 
     # -- running -------------------------------------------------------------------------------
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
+        refuse_shifted_clock(self.name, config, start)
         import torch
 
         kernel = self.kernel()

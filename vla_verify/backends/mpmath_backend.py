@@ -16,7 +16,7 @@ import mpmath
 import numpy as np
 from mpmath import mp
 
-from ..spec import VLAConfig, check_inputs, check_variant
+from ..spec import VLAConfig, check_inputs, check_start, check_variant
 from .registry import Backend, Capabilities
 
 __all__ = ["MpmathBackend", "penalty_inverse_mp", "recurrence_mp", "to_float64"]
@@ -52,6 +52,7 @@ def _slice_recurrence(
     state: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     config: VLAConfig,
     variant: str,
+    start: int = 0,
 ) -> tuple[list[Vec], Mat, Mat, Vec]:
     """One (batch, head) slice: ``q, k, u`` ``[T, dk]``, ``v`` ``[T, dv]`` (float64)."""
     T, dk = q.shape
@@ -86,7 +87,7 @@ def _slice_recurrence(
         k_hat = _normalize(k_t, norm_eps)
         if variant == "vla":
             A = downdate(A, u_t, sm_floor)
-            if config.nudges_at(t + 1):
+            if config.nudges_at(start + t + 1):
                 A = [[A[i][j] + (eta if i == j else 0) for j in range(dk)] for i in range(dk)]
             alpha = _matvec(A, k_hat)
             gate = _normalize(alpha, norm_eps) if config.normalize_gate else alpha
@@ -123,10 +124,13 @@ def recurrence_mp(
     variant: str = "vla",
     initial_state: tuple[Any, Any, Any] | None = None,
     dps: int = 50,
+    start: int = 0,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The recurrence at ``dps`` digits; returns float64 ``(o, (S, A, z))`` rounded once."""
+    """The recurrence at ``dps`` digits; returns float64 ``(o, (S, A, z))`` rounded once.
+    ``start``: tokens consumed before this call (spec §2.3, the nudge clock)."""
     config = VLAConfig() if config is None else config
     check_variant(variant)
+    start = check_start(start)
     B, T, H, dk, dv = check_inputs(q, k, v, u, initial_state)
     q, k, v, u = (np.asarray(x, dtype=np.float64) for x in (q, k, v, u))
     state = None if initial_state is None else [np.asarray(x, np.float64) for x in initial_state]
@@ -137,7 +141,7 @@ def recurrence_mp(
             for h in range(H):
                 st = None if state is None else (state[0][b, h], state[1][b, h], state[2][b, h])
                 outs, S, A, z = _slice_recurrence(
-                    q[b, :, h], k[b, :, h], v[b, :, h], u[b, :, h], st, config, variant
+                    q[b, :, h], k[b, :, h], v[b, :, h], u[b, :, h], st, config, variant, start
                 )
                 o[b, :, h] = [[to_float64(x) for x in row] for row in outs]
                 S_out[b, h] = [[to_float64(x) for x in row] for row in S]
@@ -240,7 +244,7 @@ class MpmathBackend(Backend):
             )
         return None
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         return recurrence_mp(
             q,
             k,
@@ -250,4 +254,5 @@ class MpmathBackend(Backend):
             variant=self.variant,
             initial_state=initial_state,
             dps=int(self.options["dps"]),
+            start=start,
         )

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..spec import FLOAT_DTYPES, VLAConfig, check_inputs, check_variant
+from ..spec import FLOAT_DTYPES, VLAConfig, check_inputs, check_start, check_variant
 from .registry import Backend, Capabilities
 
 __all__ = [
@@ -106,6 +106,7 @@ def recurrence(
     initial_state: tuple[Any, Any, Any] | None = None,
     dtype: str | None = None,
     return_states: bool = False,
+    start: int = 0,
 ) -> OracleResult:
     """Run the recurrence of spec §2.3 (or a variant of §2.4) token by token.
 
@@ -120,6 +121,8 @@ def recurrence(
         ``P = (Σ k̂k̂ᵀ + M)^{-1}``.  ``delta`` and ``linear`` carry ``A`` through unchanged.
     dtype : working precision (see the module docstring); default: the inputs' dtype.
     return_states : also return every intermediate state (memory O(T)).
+    start : tokens consumed before this call (spec §2.3): the nudge fires after step ``t`` when
+        ``(start + t) % nudge_period == 0``.
 
     Returns
     -------
@@ -137,6 +140,7 @@ def recurrence(
     """
     config = VLAConfig() if config is None else config
     check_variant(variant)
+    start = check_start(start)
     shapes = check_inputs(q, k, v, u, initial_state)
     B, T, H, dk, dv = shapes
     if dtype is None:
@@ -198,7 +202,7 @@ def recurrence(
                 s = matvec(A, u_t)
                 delta = np.maximum(r(1 + dot(u_t, s)), sm_floor)
                 A = r(A - r(outer(s, s) / delta[..., None, None]))
-                if config.nudges_at(t + 1):
+                if config.nudges_at(start + t + 1):
                     A = r(A + work(config.nudge_eta) * eye)
                 k_hat = normalize(k_t)
                 alpha = matvec(A, k_hat)
@@ -262,7 +266,7 @@ class NumpyOracleBackend(Backend):
         requires=("numpy",),
     )
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         dtype = str(np.asarray(q).dtype)
         result = recurrence(
             q,
@@ -273,6 +277,7 @@ class NumpyOracleBackend(Backend):
             variant=self.variant,
             initial_state=initial_state,
             dtype=dtype,
+            start=start,
         )
         cast = getattr(np, dtype)
         S, A, z = result.state

@@ -26,7 +26,15 @@ from ..errors import (
     UnknownBackendError,
     UnsupportedConfigurationError,
 )
-from ..spec import VARIANTS, Shapes, VLAConfig, check_inputs, check_variant, dtype_name
+from ..spec import (
+    VARIANTS,
+    Shapes,
+    VLAConfig,
+    check_inputs,
+    check_start,
+    check_variant,
+    dtype_name,
+)
 
 __all__ = [
     "ENV_VAR",
@@ -36,6 +44,7 @@ __all__ = [
     "available",
     "get",
     "names",
+    "refuse_shifted_clock",
     "register",
     "selected",
 ]
@@ -63,7 +72,7 @@ def _device_of(x: Any) -> str:
 
 
 class Backend(ABC):
-    """A spec §4 callable: ``backend(q, k, v, u, *, config, initial_state=None)``.
+    """A spec §4 callable: ``backend(q, k, v, u, *, config, initial_state=None, start=0)``.
 
     Calling it returns ``(o, (S, A, z))`` in the inputs' array library, dtype and device.  The
     variant and backend options are bound with :meth:`bind` (``get("torch_chunked").bind(
@@ -134,8 +143,10 @@ class Backend(ABC):
         *,
         config: VLAConfig | None = None,
         initial_state: tuple[Any, Any, Any] | None = None,
+        start: int = 0,
     ) -> tuple[Any, tuple[Any, Any, Any]]:
         config = VLAConfig() if config is None else config
+        start = check_start(start)
         self._precheck(q, k, v, u, initial_state, config)
         reason = self.availability()
         if reason is not None:
@@ -159,7 +170,7 @@ class Backend(ABC):
         reason = self.check_support(config, shapes, dtype_name(q), device)
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason)
-        return self._run(q, k, v, u, config=config, initial_state=initial_state)
+        return self._run(q, k, v, u, config=config, initial_state=initial_state, start=start)
 
     def _precheck(
         self, q: Any, k: Any, v: Any, u: Any, initial_state: Any, config: VLAConfig
@@ -178,12 +189,28 @@ class Backend(ABC):
         *,
         config: VLAConfig,
         initial_state: tuple[Any, Any, Any] | None,
+        start: int = 0,
     ) -> tuple[Any, tuple[Any, Any, Any]]:
-        """Compute; inputs are already checked."""
+        """Compute; inputs are already checked.  ``start`` is the number of tokens consumed
+        before this call (spec §2.3: the nudge clock continues across calls)."""
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.options.items())
         return f"<backend {self.name} variant={self.variant!r}{opts}>"
+
+
+def refuse_shifted_clock(name: str, config: VLAConfig, start: int) -> None:
+    """For a backend whose kernels count nudges from the call's first token: ``start`` changes
+    nothing when there are no nudges or when it is a whole number of nudge periods; otherwise
+    the call would silently nudge at the wrong steps, so it is refused, naming ``start``."""
+    period = config.nudge_period
+    if period is not None and start % period:
+        raise UnsupportedConfigurationError(
+            name,
+            f"start={start} is not a multiple of nudge_period={period}: this backend counts "
+            "nudges from the call's first token (use the 'torch' or 'numpy' backend)",
+            argument="start",
+        )
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ import torch
 
 from ..errors import UnsupportedConfigurationError
 from ..spec import FLOAT_DTYPES, Shapes, VLAConfig
-from .registry import Backend, Capabilities
+from .registry import Backend, Capabilities, refuse_shifted_clock
 from .torch_sequential import check_tensors, penalty_step, work_dtype
 
 __all__ = ["CHUNK_SIZES", "PENALTY_CHAINS", "TorchChunkedBackend", "chunked", "ldl_clamped"]
@@ -843,7 +843,8 @@ class TorchChunkedBackend(Backend):
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason, argument="config.nudge_period")
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
+        refuse_shifted_clock(self.name, config, start)
         o, state = chunked(
             q,
             k,

@@ -148,7 +148,8 @@ def _dot(x: Tensor, y: Tensor) -> Tensor:
 
 
 def penalty_step(A: Tensor, u: Tensor, t: int, config: VLAConfig, eye: Tensor) -> Tensor:
-    """``A_t`` from ``A_{t-1}`` at 0-based token ``t`` (spec §2.3): the Sherman–Morrison downdate
+    """``A_t`` from ``A_{t-1}`` at 0-based global token ``t`` (the call's ``start`` included;
+    spec §2.3): the Sherman–Morrison downdate
     ``A − s sᵀ/δ``, ``s = A u``, ``δ = max(1 + uᵀs, sm_floor)`` — i.e. ``A_t = (M_{t-1} +
     u uᵀ)^{-1}`` — then the nudge ``+ nudge_eta·I`` after every ``nudge_period``-th step.
 
@@ -172,6 +173,7 @@ def recurrent(
     config: VLAConfig,
     variant: str = "vla",
     initial_state: State | None = None,
+    start: int = 0,
 ) -> tuple[Tensor, State]:
     """The recurrence of spec §2.3 (``vla``) or §2.4 (``rls``, ``delta``, ``linear``), step by step.
 
@@ -183,6 +185,7 @@ def recurrent(
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or None for
         ``(0, I/lambda0, 0)``.  For ``rls`` the ``A`` slot holds ``P = (Σ k̂k̂ᵀ + M)^{-1}``;
         ``delta`` and ``linear`` carry ``A`` through unchanged.
+    start : tokens consumed before this call (spec §2.3: the nudge clock continues).
 
     Returns
     -------
@@ -203,7 +206,7 @@ def recurrent(
     for t in range(T):
         q_t, k_t, v_t, u_t = q[:, t], k[:, t], v[:, t], u[:, t]  # [B, H, D]
         if variant == "vla":
-            A = penalty_step(A, u_t, t, config, eye)
+            A = penalty_step(A, u_t, start + t, config, eye)
             k_hat = normalize(k_t, eps)
             alpha = _matvec(A, k_hat)  # the UPDATED A_t (spec §2.3)
             gate = normalize(alpha, eps) if config.normalize_gate else alpha
@@ -259,9 +262,16 @@ class TorchSequentialBackend(Backend):
     def _precheck(self, q, k, v, u, initial_state, config):  # type: ignore[no-untyped-def]
         check_tensors(self.name, self.capabilities, q, k, v, u, initial_state)
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         o, state = recurrent(
-            q, k, v, u, config=config, variant=self.variant, initial_state=initial_state
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=self.variant,
+            initial_state=initial_state,
+            start=start,
         )
         return o.to(q.dtype), tuple(x.to(q.dtype) for x in state)
 

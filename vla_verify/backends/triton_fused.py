@@ -40,7 +40,7 @@ from ..errors import DeviceError, DTypeError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs
 from . import triton_chunk_gate_kernels as chunk_kernels
 from . import triton_fused_kernels as kernels
-from .registry import Backend, Capabilities
+from .registry import Backend, Capabilities, refuse_shifted_clock
 
 __all__ = [
     "DOWNDATES",
@@ -1042,7 +1042,8 @@ class TritonFusedBackend(Backend):
             )
         return None
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
+        refuse_shifted_clock(self.name, config, start)
         o, state = fused_recurrent_vla(
             q,
             k,
