@@ -14,7 +14,9 @@ __all__ = [
     "ConfigError",
     "DTypeError",
     "DeviceError",
+    "IllConditionedError",
     "NonFiniteError",
+    "NonFiniteResultError",
     "ShapeError",
     "UnknownBackendError",
     "UnknownVariantError",
@@ -80,3 +82,37 @@ class BackendUnavailableError(VLAError, RuntimeError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"backend {backend!r} is not available here: {reason}")
+
+
+class IllConditionedError(VLAError, ArithmeticError):
+    """The reference cannot vouch for its own result: along the recurrence the quantity that
+    predicts its loss of accuracy (e.g. the Sherman–Morrison cancellation, the floor taking
+    effect, the drift of ``A`` from symmetric positive definite, overflow) passed what the
+    working precision resolves, and no escalation could recover it.
+
+    ``step`` is the 1-based token at which it happened (``None`` when not tied to one),
+    ``figure`` names the quantity and ``estimate`` is its value (e.g. the a-posteriori relative
+    error estimate).
+    """
+
+    def __init__(
+        self, message: str, *, step: int | None = None, figure: str = "", estimate: float = 0.0
+    ) -> None:
+        self.step = step
+        self.figure = figure
+        self.estimate = estimate
+        where = "" if step is None else f" at step {step}"
+        super().__init__(f"ill-conditioned{where}: {message}")
+
+
+class NonFiniteResultError(VLAError, ArithmeticError):
+    """A backend produced NaN or Inf from finite inputs (``where`` names the output, e.g.
+    ``"o"`` or ``"state.A"``)."""
+
+    def __init__(self, backend: str, where: str, message: str = "") -> None:
+        self.backend = backend
+        self.where = where
+        extra = f": {message}" if message else ""
+        super().__init__(
+            f"backend {backend!r} returned non-finite {where} from finite inputs{extra}"
+        )
