@@ -1,6 +1,6 @@
 """vla_verify — numerical verification and property testing for Variational Linear Attention.
 
-The mathematics is spec ``shared/spec/vla.md``; docstrings cite it by section.
+The mathematics is the spec, ``docs/spec.md``; docstrings cite it by section.
 
 - :class:`VLAConfig` — the configuration of spec §2.2 (``VLAConfig()`` is the paper preset);
 - :mod:`vla_verify.oracle` — the float64 oracle and the closed forms;

@@ -5,7 +5,7 @@
 same per-token ``k̂, α̂, (α̂ᵀq, z_tᵀq)`` that the state pass reads, the final ``A, z`` and the
 checkpoints, but it walks the sequence a chunk of up to ``C`` tokens at a time.  The recurrent
 kernel's cost is a chain of dependent cross-warp reductions over the ``dk × dk`` tile per token
-(``benchmarks/NOTES_triton.md``); here, per chunk, everything but one ``C``-step LDLᵀ
+(``docs/design/triton_recurrent.md``); here, per chunk, everything but one ``C``-step LDLᵀ
 recursion on a ``C × C`` tile is a matrix product (``tl.dot``):
 
     Y = U A_0ᵀ,  KA = K̂ A_0ᵀ                     (rows: (A_0 u_t)ᵀ, (A_0 k̂_t)ᵀ)

@@ -9,7 +9,7 @@ Every kernel launch runs all T steps of every (batch, head) (kernels and their o
 :mod:`vla_verify.backends.triton_fused_kernels`).  Two schedules (option ``schedule``): *fused*,
 one launch for the whole step, and *two-pass*, a gate kernel (the penalty chain, one program per
 (b, h)) then a state kernel (value rows split over programs) — the same operations cut at the
-gate, faster at dk = 128 and for training (``benchmarks/NOTES_triton.md``, "Third design").
+gate, faster at dk = 128 and for training (``docs/design/triton_recurrent.md``).
 The two-pass gate pass either steps through the tokens (default) or, with ``gate="chunked"``,
 takes chunks of tokens in the Woodbury/LDLᵀ form of spec §5
 (:mod:`vla_verify.backends.triton_chunk_gate_kernels`; correct, slower on the H200 so far).
@@ -159,7 +159,7 @@ def _default_warps(bk: int, bv: int) -> int:
 def _default_gate_warps(bk: int) -> int:
     """Warps of the two-pass gate kernel, which holds only ``Aᵀ`` ``[BK, BK]``.
 
-    From the SASS of Triton 3.9 for sm_90 (``benchmarks/NOTES_triton.md``): at BK = 128, 4 warps
+    From the SASS of Triton 3.9 for sm_90 (``docs/design/triton_recurrent.md``): at BK = 128, 4 warps
     compile to 232 registers and no spills (1388 instructions per token), where 8 warps spill
     (779 ``STL`` per token) and 16 spill less but run 4x the threads; BK = 64 takes 2 warps."""
     return max(2, bk * bk // 4096)

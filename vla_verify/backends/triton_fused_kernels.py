@@ -5,8 +5,8 @@ the registry backend are in :mod:`vla_verify.backends.triton_fused`.  Nothing is
 oracle or from the other backends (spec §4 independence): every line of the recurrence is written
 out below.
 
-Organisation (see ``benchmarks/NOTES_triton.md`` for the cost model behind it)
-------------------------------------------------------------------------------
+Organisation (``docs/design/triton_recurrent.md`` has the cost model behind it)
+-------------------------------------------------------------------------------
 Forward, :func:`vla_fwd_kernel`: grid ``(NV, B·H)``.  One program runs *all* T steps of one
 (batch, head) for one block of ``BV`` value rows: ``Aᵀ`` ``[BK, BK]``, ``Sᵀ`` ``[BK, BV]`` and ``z``
 ``[BK]`` stay in registers for the whole sequence, in float32 (float64 for float64 inputs).  The
@@ -15,7 +15,7 @@ B·H = 16 the chip has 132 SMs, so splitting the value rows over NV programs cos
 for the redundant chain and divides the ``S`` work by NV.
 
 The step (:func:`_vla_step_t`) is a chain of dependent reductions, and its cost on the H200 is
-their latency, not arithmetic (``benchmarks/NOTES_triton.md``).  Four choices shorten it:
+their latency, not arithmetic (``docs/design/triton_recurrent.md``).  Four choices shorten it:
 
 - the tiles are held transposed, so that ``A u``, ``A k̂``, ``S k̂`` and ``S q`` are sums down
   axis 0 (thread-local adds and one cross-warp exchange) instead of per-row shuffle butterflies;
@@ -25,7 +25,7 @@ their latency, not arithmetic (``benchmarks/NOTES_triton.md``).  Four choices sh
   oracle's error bound without a correctly rounded division per entry;
 - the next token's ``q, k, v, u`` are loaded one iteration ahead (software prefetch).
 
-The two-pass gate kernel adds (session 4, ``benchmarks/NOTES_triton.md``, "Fourth design"): the
+The two-pass gate kernel adds (``docs/design/triton_recurrent.md``): the
 pipelined step (:func:`_gate_pipelined_t`, ``u`` loaded two tokens ahead), axis-0 sums as
 interleaved partial sums (:func:`_colsum`, only where the kernel neither loads nor stores the
 ``A`` tile: see ``_gate_split`` in the wrapper) and the nudge under a branch at BK <= 64.
@@ -151,7 +151,7 @@ def _vla_step(
     delta = tl.maximum(delta_raw, sm_floor)
     # Sherman–Morrison: A_t = A_{t-1} − (s_i s_j)/δ.  The product s_i s_j is symmetric, so A
     # stays exactly symmetric in floating point: the asymmetric s (s/δ)ᵀ loses symmetry and was
-    # measured 3-6x less accurate than the float32 oracle (benchmarks/NOTES_triton.md).
+    # measured 3-6x less accurate than the float32 oracle (docs/design/triton_recurrent.md).
     rd = _div(1.0, delta, ACC)
     if BUG == 2:
         step = t
