@@ -159,7 +159,7 @@ def _default_warps(bk: int, bv: int) -> int:
 def _default_gate_warps(bk: int) -> int:
     """Warps of the two-pass gate kernel, which holds only ``Aᵀ`` ``[BK, BK]``.
 
-    From the SASS of Triton 3.9 for sm_90 (``docs/design/triton_recurrent.md``): at BK = 128, 4 warps
+    From the SASS of Triton 3.9 for sm_90 (docs/design/triton_recurrent.md): at BK = 128, 4 warps
     compile to 232 registers and no spills (1388 instructions per token), where 8 warps spill
     (779 ``STL`` per token) and 16 spill less but run 4x the threads; BK = 64 takes 2 warps."""
     return max(2, bk * bk // 4096)
