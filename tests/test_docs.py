@@ -161,3 +161,30 @@ def test_planted_outside_pointers_are_caught(tmp_path: Path) -> None:
 def test_section_headings_are_read(heading: str) -> None:
     number = heading.split()[1].rstrip(".")
     assert spec_sections(heading + "\n") == {number}
+
+
+def test_the_worked_example_of_spec_2_3_is_what_the_oracle_computes() -> None:
+    """The 2-token example of docs/spec.md §2.3, recomputed by the float64 oracle, with the
+    spec's figures read from the page (so an edit of either side is caught)."""
+    import numpy as np
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.numpy_oracle import recurrence
+
+    text = _read(SPEC)
+    for figure in ("`A_2 = diag(5/6, 3/2)`", "`S_2 = [5/13, 25/13]`", "10/39", "0.245853"):
+        assert figure in text, figure
+    config = VLAConfig(lambda0=1.0, nudge_eta=0.5, nudge_period=2)
+    q = np.array([[1.0, 1.0], [1.0, 1.0]])[None, :, None, :]
+    k = np.array([[0.0, 2.0], [3.0, 4.0]])[None, :, None, :]
+    u = np.array([[1.0, 0.0], [1.0, 0.0]])[None, :, None, :]
+    v = np.array([[1.0], [1.8]])[None, :, None, :]
+    run = recurrence(q, k, v, u, config=config)
+    S, A, z = run.state
+    np.testing.assert_allclose(run.o.ravel(), [0.5, 10 / 39], rtol=1e-12)
+    np.testing.assert_allclose(S[0, 0], [[5 / 13, 25 / 13]], rtol=1e-12)
+    np.testing.assert_allclose(A[0, 0], np.diag([5 / 6, 3 / 2]), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(z[0, 0], [3.0, 6.0])
+    shifted = recurrence(q, k, v, u, config=config, start=1)
+    assert round(float(shifted.o.ravel()[1]), 6) == 0.245853
+    np.testing.assert_allclose(shifted.state[1][0, 0], np.diag([1 / 2, 3 / 2]), atol=1e-15)
