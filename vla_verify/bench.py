@@ -931,7 +931,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["fwd", "fwdbwd"], help="default: the suite's"
     )
-    parser.add_argument("--ops", nargs="+", choices=list(OPS), help="default: the suite's")
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        choices=list(OPS),
+        metavar="OP",
+        help=f"of {list(OPS)} (default: the suite's)",
+    )
     parser.add_argument(
         "--sequential-max-T",
         type=int,
