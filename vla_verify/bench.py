@@ -351,11 +351,11 @@ def _grad_op(forward: Callable[..., Any], leaves: list[Any], do: Any) -> Callabl
 
 def _fla_ops(x: dict, ops: set[str]) -> dict[tuple[str, str], Callable[[], Any]]:
     """fla's kernels on unit keys with ``beta = 1`` and ``a = −k̂, b = k̂`` (the delta rule as
-    DPLR); empty when fla cannot be imported."""
+    DPLR); empty when fla cannot be imported or there is no GPU."""
     import torch
 
     wanted = {o for o in ops if o.startswith("fla_")}
-    if not wanted:
+    if not wanted or x["q"].device.type != "cuda":  # fla's kernels need a GPU
         return {}
     try:
         from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
