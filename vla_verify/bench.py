@@ -40,6 +40,7 @@ Importing this module imports neither torch nor triton (the CLI imports it to bu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -383,7 +384,7 @@ def _fla_ops(x: dict, ops: set[str]) -> dict[tuple[str, str], Callable[[], Any]]
     out: dict[tuple[str, str], Callable[[], Any]] = {}
     for name in wanted & set(forwards):
         fwd = forwards[name]
-        out[name, "fwd"] = lambda fwd=fwd: fwd(qu, ku, v)
+        out[name, "fwd"] = functools.partial(fwd, qu, ku, v)
         if name != "fla_fused_recurrent_dplr":  # fla implements no backward for it
             out[name, "fwdbwd"] = _grad_op(fwd, leaves, do)
     return out
@@ -430,7 +431,7 @@ def make_ops(
         def forward(q: Any, k: Any, v: Any, u: Any, fn: Kernel = fn) -> Any:
             return fn(q, k, v, u, config=config)[0]
 
-        table[op, "fwd"] = lambda forward=forward: forward(q, k, v, u)
+        table[op, "fwd"] = functools.partial(forward, q, k, v, u)
         table[op, "fwdbwd"] = _grad_op(forward, leaves, do)
     if "sdpa" in wanted:
         # SDPA is head-first: [B, H, T, D].
@@ -648,22 +649,20 @@ def run_gates(
         steps.append(
             (
                 f"validate {name}",
-                lambda n=name, k=kernel: _validate_gates(n, k, device, sizes, exact),
+                functools.partial(_validate_gates, name, kernel, device, sizes, exact),
             )
         )
         if name != "torch":  # the reference of the gradient gate
             steps.append(
                 (
                     f"gradients {name}",
-                    lambda n=name, k=kernel: _gradient_gates(n, k, device, sizes, exact),
+                    functools.partial(_gradient_gates, name, kernel, device, sizes, exact),
                 )
             )
-        steps.append(
-            (
-                f"finite {name} T={T}",
-                lambda n=name, k=kernel: _finite_gates(n, k, device, B, T, H, Ds, dtype, exact),
-            )
+        finite = functools.partial(
+            _finite_gates, name, kernel, device, B, T, H, tuple(Ds), dtype, exact
         )
+        steps.append((f"finite {name} T={T}", finite))
     bar = ProgressBar("correctness gates", len(steps), enabled=show_progress)
     out: dict[str, dict[str, Any]] = {}
     for i, (label, step) in enumerate(steps):
@@ -875,8 +874,10 @@ def plot_latency(run: SuiteRun, path: str | Path) -> Path | None:
                 p = slopes.get((op, mode, D))
                 mode_words = "forward" if mode == "fwd" else "forward + backward"
                 label = f"{op}, {mode_words}" + (f" (time ∝ T^{p:.2f})" if p is not None else "")
-                Ts, ms = zip(*pts, strict=True)
-                ax.plot(Ts, ms, style, color=colours[j % len(colours)], marker="o", label=label)
+                lengths, ms = zip(*pts, strict=True)
+                ax.plot(
+                    lengths, ms, style, color=colours[j % len(colours)], marker="o", label=label
+                )
         Ts = sorted({r.T for r in run.records if r.D == D})
         ax.set_xscale("log")
         ax.set_yscale("log")
