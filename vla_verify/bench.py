@@ -16,7 +16,8 @@ layout of every tensor is ``[B, T, H, D]``, spec §1):
   at lengths where a fixed cost shows;
 - ``chunk`` — the chunked Triton kernel (``chunk.json``, only when the backend
   ``triton_chunked`` is available): ops ``vla_triton_chunked``, ``vla_triton_fused``, fla's
-  ``fla_chunk_delta`` and ``fla_chunk_dplr``, and ``sdpa``.
+  ``fla_chunk_delta`` and ``fla_chunk_dplr``, and ``sdpa``; like ``torch``, without nudges
+  (``VLAConfig.exact()``: the chunked form nudges only at chunk boundaries, spec §5).
 
 Every run first computes the correctness gates of the suite's kernels — ``validate`` (spec §4
 budgets) in float32 and bfloat16, gradients of q, k, v, u and the initial state against the
@@ -175,6 +176,7 @@ SUITES: dict[str, Suite] = {
             ),
             Ts=STANDARD_T,
             Ds=STANDARD_D,
+            exact=True,  # the chunked form nudges only at chunk boundaries (spec §5)
             requires="triton_chunked",
         ),
     )
