@@ -20,7 +20,8 @@ from vla_verify.bench import SUITES, GateSizes, Record, fitted_exponents, run_su
 from vla_verify.proofs.claims import c9_kernel_speed
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200" / "fused.json"
+ROOT = Path(__file__).resolve().parents[1]
+STORED = ROOT / "benchmarks" / "results" / "h200" / "fused.json"
 
 TINY = {
     "Ts": (8, 16),
@@ -76,10 +77,12 @@ def test_torch_suite_writes_the_stored_format(tmp_path):
 
 
 class WrongForward:
-    """The chunked backend with its output scaled by 1 + 2^-7: a bug far inside no budget."""
+    """A kernel put in the chunked backend's place: the sequential backend (cheaper to shrink a
+    counterexample with) with its output scaled by 1 + 2^-7, a bug far outside the float32
+    budget."""
 
     def __init__(self) -> None:
-        self.inner = backends.get("torch_chunked")
+        self.inner = backends.get("torch")
 
     def __call__(self, q, k, v, u, **kw):
         o, state = self.inner(q, k, v, u, **kw)
@@ -136,3 +139,47 @@ def test_c9_reads_the_package_copy_of_the_stored_results():
     rows, source = c9_kernel_speed.load_rows()
     assert source == "vla_verify/data/h200_fused.json"
     assert rows == json.loads(STORED.read_text())["records"]
+
+
+@needs_torch
+def test_the_overhead_suite_times_the_registry_call_against_the_direct_call(monkeypatch):
+    pytest.importorskip("triton")
+    import torch
+
+    from vla_verify import bench
+    from vla_verify.backends import triton_fused
+
+    calls: list[str] = []
+
+    def direct(q, k, v, u, **kw):
+        calls.append("direct")
+        return q, None
+
+    def registry(name):
+        def call(q, k, v, u, **kw):
+            calls.append(f"registry {name}")
+            return q, None
+
+        return call
+
+    monkeypatch.setattr(triton_fused, "fused_recurrent_vla", direct)
+    monkeypatch.setattr(backends, "get", registry)
+    x = bench._inputs(1, 4, 1, 4, torch.float32, "cpu")
+    table = bench.make_ops(x, ops=SUITES["overhead"].ops)
+    table["registry_triton_fused", "fwd"]()
+    table["direct_triton_fused", "fwd"]()
+    assert calls == ["registry triton_fused", "direct"]
+
+
+@needs_torch
+def test_run_py_wraps_the_cli(tmp_path):
+    import importlib.util as util
+
+    spec = util.spec_from_file_location("bench_run", ROOT / "benchmarks/gpu/run.py")
+    assert spec is not None and spec.loader is not None
+    run_py = util.module_from_spec(spec)
+    spec.loader.exec_module(run_py)
+    argv = ["--suite", "torch", "--cpu", "--T", "8", "--D", "4", "--H", "1", "--quiet"]
+    assert run_py.main([*argv, "--out", str(tmp_path), "--no-plot"]) == 0
+    data = json.loads((tmp_path / "torch.json").read_text())
+    assert data["suite"] == "torch" and data["records"]
