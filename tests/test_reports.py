@@ -142,3 +142,19 @@ def test_import_vla_verify_does_not_import_matplotlib():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_reports_import_nothing_of_the_proofs():
+    """The ledger imports the reports; the reports never import the ledger (no cycle)."""
+    import ast
+
+    tree = ast.parse(open(reports.__file__, encoding="utf-8").read())
+    imported = [
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    ] + [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+    assert imported and not [m for m in imported if "proofs" in m], imported
