@@ -183,3 +183,15 @@ def test_run_py_wraps_the_cli(tmp_path):
     assert run_py.main([*argv, "--out", str(tmp_path), "--no-plot"]) == 0
     data = json.loads((tmp_path / "torch.json").read_text())
     assert data["suite"] == "torch" and data["records"]
+
+
+@pytest.mark.skipif(not STORED.is_file(), reason="not a source checkout")
+def test_replot_draws_a_stored_result(tmp_path):
+    pytest.importorskip("matplotlib")
+    from vla_verify.bench import replot
+
+    assert replot(STORED, tmp_path) == 0
+    assert (tmp_path / "fused.png").stat().st_size > 10_000
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"machine": {}, "records": [], "correctness": {}}))
+    assert replot(empty, tmp_path) == 2

@@ -66,12 +66,15 @@ __all__ = [
     "add_arguments",
     "fitted_exponents",
     "format_table",
+    "load_run",
     "machine_info",
     "main",
     "make_ops",
     "plot_latency",
+    "replot",
     "run_suite",
     "time_ms",
+    "write_outputs",
 ]
 
 Kernel = Callable[..., Any]  # fn(q, k, v, u, *, config, initial_state=None) -> (o, (S, A, z))
@@ -863,7 +866,7 @@ def plot_latency(run: SuiteRun, path: str | Path) -> Path | None:
     if not Ds:
         return None
     slopes = fitted_exponents(run.records)
-    fig, axes = plt.subplots(1, len(Ds), figsize=(6.5 * len(Ds), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(Ds), figsize=(7.5 * len(Ds), 5.0), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, D in zip(axes[0], Ds, strict=True):
         for j, op in enumerate(o for o in OPS if any(r.op == o for r in run.records)):
@@ -889,7 +892,7 @@ def plot_latency(run: SuiteRun, path: str | Path) -> Path | None:
         ax.set_ylabel("median latency (milliseconds)")
         ax.set_title(f"head width D = {D}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     r0 = run.records[0]
     machine = run.machine.get("gpu") or "CPU"
     fig.suptitle(
@@ -898,7 +901,7 @@ def plot_latency(run: SuiteRun, path: str | Path) -> Path | None:
     )
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out
 
@@ -915,6 +918,33 @@ def write_outputs(run: SuiteRun, outdir: str | Path, *, plot: bool = True) -> di
         if png is not None:
             files["plot"] = png
     return files
+
+
+def load_run(path: str | Path) -> SuiteRun:
+    """A stored result (``{"machine", "records", "correctness", ...}``) as a :class:`SuiteRun`;
+    a file without ``suite`` is taken for the ``grid`` suite's ``fused.json``."""
+    data = json.loads(Path(path).read_text())
+    return SuiteRun(
+        data.get("suite", "grid"),
+        data.get("machine", {}),
+        data.get("correctness", {}),
+        [Record(**r) for r in data.get("records", [])],
+        data.get("tuning", {}),
+    )
+
+
+def replot(path: str | Path, outdir: str | Path) -> int:
+    """Draw ``outdir/<name>.png`` of the stored result ``path``: 0, or 2 without matplotlib or
+    records."""
+    run = load_run(path)
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_latency(run, out / (Path(path).stem + ".png"))
+    if png is None:
+        print(f"vla-verify bench: nothing drawn (no records in {path}, or no matplotlib)")
+        return 2
+    print(f"wrote plot: {png}")
+    return 0
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -954,6 +984,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="time nothing: draw the PNG of a stored result (e.g. benchmarks/results/h200/"
+        "fused.json) under --out",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--cpu",
@@ -966,6 +1002,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run one suite: exit 0 when its gates are green and it was timed, 1 on a red gate, 2 when
     it cannot run here (no GPU and no ``--cpu``, or the suite's backend is missing)."""
+    if args.replot:
+        return replot(args.replot, args.out)
     if args.cpu:  # before anything imports triton
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
