@@ -2,9 +2,9 @@
 
 - Machine info gains the GPU name, driver, CUDA, torch, triton and fla versions
   (:func:`vla_verify.bench.machine_info`): pytest-benchmark's own machine id ignores the GPU.
-- Results are stored per GPU: ``--benchmark-storage`` defaults to ``benchmarks/results/<gpu>/``
-  (``<gpu>`` a slug of the device name, e.g. ``nvidia-h200``), so that baselines of different
-  cards are never compared.
+- Results are stored per GPU: ``--benchmark-storage`` defaults to
+  ``benchmarks/results/<gpu>/pytest-benchmark/`` (``<gpu>`` a slug of the device name without
+  its vendor, e.g. ``h200``), so that baselines of different cards are never compared.
 - Timing is done by CUDA events (``triton.testing.do_bench``) inside the benchmark functions, not
   by pytest-benchmark's host clock (see ``test_bench_triton.py``).
 
@@ -35,7 +35,8 @@ def gpu_slug() -> str:
 
         if torch.cuda.is_available():
             name = torch.cuda.get_device_name(0)
-            return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+            slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+            return re.sub(r"^nvidia-", "", slug)
     except ImportError:
         pass
     return "cpu"
@@ -45,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Store and compare per GPU unless the user named a storage explicitly.
     option = str(getattr(config.option, "benchmark_storage", "") or "")
     if option in ("", "file://./.benchmarks"):  # pytest-benchmark's default: not per GPU
-        config.option.benchmark_storage = f"file://{RESULTS / gpu_slug()}"
+        config.option.benchmark_storage = f"file://{RESULTS / gpu_slug() / 'pytest-benchmark'}"
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:

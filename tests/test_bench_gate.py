@@ -1,4 +1,4 @@
-"""The GPU benchmarks' regression gate can fail (issue 5): a meta-test on the CPU.
+"""The GPU benchmarks' regression gate can fail: a meta-test on the CPU.
 
 ``benchmarks/test_bench_triton.py`` feeds pytest-benchmark device time through
 :class:`vla_verify.bench.DeviceClock` and gates with ``--benchmark-compare-fail=median:10%``.  Here

@@ -3,36 +3,95 @@
 Plots need matplotlib, which is optional: it is imported only when a plot is drawn, and without
 it the plots are skipped with a note (``import vla_verify`` never needs it).
 
-Plots (from the series the claims record):
+Plots (from the series the claims record; :func:`figures`): ``state_norms.png`` (claim C5),
+``jacobian_norms.png`` (C4) and ``sm_drift.png`` (C1), each with axes labelled in words and
+units, a legend and a title.
 
-- ``state_norms.png`` — ``||S_t||_F`` against t for linear / delta / vla / rls on random
-  layer-like inputs and on the adversarial shear family (claim C5);
-- ``jacobian_norms.png`` — the distribution of per-step ``||J_t||₂`` by dk (claim C4);
-- ``sm_drift.png`` — the Sherman–Morrison relative error against T in float64, float32 and
-  bfloat16 (claim C1).
+The report types are structural (:class:`LedgerReportLike`): this module imports nothing of
+:mod:`vla_verify.proofs`, whose ledger imports it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .proofs.ledger import LedgerReport
+__all__ = [
+    "ClaimResultLike",
+    "LedgerReportLike",
+    "figures",
+    "markdown",
+    "plot_all",
+    "raw_tex",
+    "terminal_table",
+    "write_all",
+    "write_json",
+]
 
-__all__ = ["markdown", "plot_all", "terminal_table", "write_all", "write_json"]
+
+class ClaimResultLike(Protocol):
+    """What a report reads of one claim's result (``vla_verify.proofs.ledger.ClaimResult``).
+
+    Declared here, structurally, so that this module imports nothing of ``vla_verify.proofs``:
+    the ledger depends on the reports, never the other way round."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def statement(self) -> str: ...
+    @property
+    def formalisation(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def verdict(self) -> Any: ...  # a str Enum: ``.value`` is the verdict word
+    @property
+    def condition(self) -> str | None: ...
+    @property
+    def evidence(self) -> list[str]: ...
+    @property
+    def counterexample(self) -> str | None: ...
+    @property
+    def certified(self) -> bool | None: ...
+    @property
+    def proofs(self) -> list[dict[str, Any]]: ...
+    @property
+    def series(self) -> dict[str, Any]: ...
+    def key(self) -> str: ...
 
 
-def _find(report: LedgerReport, series: str) -> Any:
+class LedgerReportLike(Protocol):
+    """What a report reads of a ledger run (``vla_verify.proofs.ledger.LedgerReport``)."""
+
+    @property
+    def profile(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def results(self) -> Sequence[ClaimResultLike]: ...
+    @property
+    def files(self) -> dict[str, str]: ...
+    @property
+    def notes(self) -> list[str]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _find(report: LedgerReportLike, series: str) -> Any:
     for r in report.results:
         if series in r.series:
             return r.series[series]
     return None
 
 
-def terminal_table(report: LedgerReport, width: int = 100) -> str:
+def terminal_table(report: LedgerReportLike, width: int = 100) -> str:
     """The ledger as a fixed-width table: claim, verdict, key figure (and the condition)."""
     lines = [
         f"Claims ledger (spec §3), profile {report.profile}, seed {report.seed}, "
@@ -59,7 +118,7 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(report: LedgerReport) -> str:
+def markdown(report: LedgerReportLike) -> str:
     """The ledger as Markdown: a summary table, then one section per claim with its evidence."""
     out = [
         "# Claims ledger",
@@ -110,83 +169,132 @@ def markdown(report: LedgerReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_json(report: LedgerReport, path: str | Path) -> Path:
+def write_json(report: LedgerReportLike, path: str | Path) -> Path:
     p = Path(path)
     p.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     return p
 
 
-def plot_all(report: LedgerReport, outdir: str | Path) -> tuple[dict[str, str], list[str]]:
-    """Draw the PNG plots; returns ``({name: path}, notes)``.  Without matplotlib: no plots and
-    a note saying so."""
-    try:
-        import matplotlib
+# Words for the series names the claims record (spec §2.4 variants, spec §2.2 presets).
+_VARIANT_WORDS = {
+    "vla": "VLA",
+    "linear": "linear attention",
+    "delta": "delta rule",
+    "rls": "recursive least squares (RLS)",
+    "adversarial paper": "VLA, paper preset (nudges on)",
+    "adversarial exact": "VLA without nudges",
+    "adversarial linear": "linear attention",
+}
+_DTYPE_WORDS = {
+    "float64": "float64 arithmetic",
+    "float32": "float32 arithmetic",
+    "bfloat16": "bfloat16 arithmetic",
+}
+_RAW_TEX = re.compile(r"\$|\\[A-Za-z|]|[_^]\{")
 
-        matplotlib.use("Agg")
+
+def raw_tex(text: str) -> bool:
+    """Whether ``text`` holds TeX markup a reader would see raw (``$…$``, ``\\|``, ``x_{t}``)."""
+    return bool(_RAW_TEX.search(text))
+
+
+def figures(report: LedgerReportLike) -> dict[str, Any]:
+    """The plots as matplotlib figures, ``{name: Figure}`` (matplotlib must be importable):
+
+    - ``state_norms`` — the state norm against the token index on random layer-like inputs and
+      on the adversarial shear family, per variant (claim C5);
+    - ``jacobian_norms`` — histograms of the per-step Jacobian's spectral norm by head width
+      (claim C4);
+    - ``sm_drift`` — the running inverse's relative error against T per arithmetic (claim C1).
+    """
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, Any] = {}
+    rnd = _find(report, "state_norms_random")
+    adv = _find(report, "state_norms_adversarial")
+    if rnd or adv:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        colours: dict[str, str] = {}
+        for ax, data, title in (
+            (axes[0], rnd, "random layer-like inputs (head width 16)"),
+            (axes[1], adv, "adversarial shear family (the claim's worst case)"),
+        ):
+            for name, norms in (data or {}).items():
+                label = _VARIANT_WORDS.get(name, name)
+                colour = colours.setdefault(label, f"C{len(colours) % 10}")  # one per variant
+                ax.plot(range(1, len(norms) + 1), norms, color=colour, label=label)
+            ax.set_xlabel("token index t (tokens)")
+            ax.set_ylabel("Frobenius norm of the state S after t tokens")
+            ax.set_yscale("log")
+            ax.set_title(title)
+            ax.legend(fontsize=8)
+        fig.suptitle("C5, bounded state: the state norm along the sequence")
+        fig.tight_layout()
+        out["state_norms"] = fig
+    jac = _find(report, "jacobian_norms")
+    if jac:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        every = [float(x) for norms in jac.values() for x in norms]
+        bins = np.linspace(min(every), max(every), 41) if every else 40  # shared by all widths
+        for dk, norms in jac.items():
+            ax.hist(norms, bins=bins, alpha=0.5, label=f"head width dk = {dk}")
+        ax.axvline(1.0, color="k", lw=0.8, label="1 (a non-expansive step)")
+        ax.axvline(
+            (1 + 5**0.5) / 2, color="r", lw=0.8, ls="--", label="golden ratio φ ≈ 1.618 (supremum)"
+        )
+        ax.set_xlabel("spectral norm of one step's Jacobian (dimensionless)")
+        ax.set_ylabel("number of steps")
+        ax.set_title("C4: per-step Jacobian norm (VLA, paper preset)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out["jacobian_norms"] = fig
+    drift = _find(report, "sm_drift")
+    if drift:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        floored = False
+        for dtype, errs in drift.items():
+            if dtype != "T":
+                floored = floored or any(e <= 1e-18 for e in errs)
+                label = _DTYPE_WORDS.get(dtype, dtype)
+                ax.plot(drift["T"], [max(e, 1e-18) for e in errs], marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T (tokens)")
+        ax.set_ylabel("relative error of the running inverse A\n(Frobenius norm, against M⁻¹)")
+        title = "C1: Sherman–Morrison drift of the running inverse"
+        ax.set_title(title + ("\n(an error of exactly 0 is drawn at 10⁻¹⁸)" if floored else ""))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out["sm_drift"] = fig
+    return out
+
+
+def plot_all(report: LedgerReportLike, outdir: str | Path) -> tuple[dict[str, str], list[str]]:
+    """Draw the PNG plots of :func:`figures`; returns ``({name: path}, notes)``.  Without
+    matplotlib: no plots and a note saying so."""
+    try:
         import matplotlib.pyplot as plt
+
+        drawn = figures(report)
     except ImportError:
         return {}, ["plots skipped: matplotlib is not installed (pip install vla-verify[plots])"]
     out = Path(outdir)
     files: dict[str, str] = {}
-    notes: list[str] = []
-
-    rnd = _find(report, "state_norms_random")
-    adv = _find(report, "state_norms_adversarial")
-    if rnd or adv:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, data, title in (
-            (axes[0], rnd, "random layer-like inputs (dk 16)"),
-            (axes[1], adv, "adversarial shear family"),
-        ):
-            for name, norms in (data or {}).items():
-                ax.plot(range(1, len(norms) + 1), norms, label=name)
-            ax.set_xlabel("t")
-            ax.set_ylabel("||S_t||_F")
-            ax.set_yscale("log")
-            ax.set_title(title)
-            ax.legend(fontsize=8)
-        fig.suptitle("C5: state norm vs t")
-        fig.tight_layout()
-        files["state_norms"] = str(out / "state_norms.png")
-        fig.savefig(files["state_norms"], dpi=110)
+    for name, fig in drawn.items():
+        files[name] = str(out / f"{name}.png")
+        fig.savefig(files[name], dpi=110)
         plt.close(fig)
-    jac = _find(report, "jacobian_norms")
-    if jac:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for dk, norms in jac.items():
-            ax.hist(norms, bins=40, alpha=0.5, label=f"dk={dk}")
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.axvline((1 + 5**0.5) / 2, color="r", lw=0.8, ls="--", label="golden ratio")
-        ax.set_xlabel("||J_t||₂ per step")
-        ax.set_ylabel("count")
-        ax.set_title("C4: per-step Jacobian norm (vla, paper preset)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        files["jacobian_norms"] = str(out / "jacobian_norms.png")
-        fig.savefig(files["jacobian_norms"], dpi=110)
-        plt.close(fig)
-    drift = _find(report, "sm_drift")
-    if drift:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for dtype, errs in drift.items():
-            if dtype != "T":
-                ax.plot(drift["T"], [max(e, 1e-18) for e in errs], marker="o", label=dtype)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("T")
-        ax.set_ylabel("||A_T − M_T^{-1}||_F / ||M_T^{-1}||_F")
-        ax.set_title("C1: Sherman–Morrison drift")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        files["sm_drift"] = str(out / "sm_drift.png")
-        fig.savefig(files["sm_drift"], dpi=110)
-        plt.close(fig)
-    if not files:
-        notes.append("plots skipped: no claim recorded plot data (run C1, C4 and C5)")
+    notes = [] if files else ["plots skipped: no claim recorded plot data (run C1, C4 and C5)"]
     return files, notes
 
 
-def write_all(report: LedgerReport, outdir: str | Path, *, plots: bool = True) -> dict[str, str]:
+def write_all(
+    report: LedgerReportLike, outdir: str | Path, *, plots: bool = True
+) -> dict[str, str]:
     """Write ``claims.json``, ``claims.md`` and the plots under ``outdir``; return the paths."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

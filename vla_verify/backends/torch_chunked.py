@@ -93,7 +93,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -104,7 +104,7 @@ from .torch_sequential import check_tensors, penalty_step, work_dtype
 
 __all__ = ["CHUNK_SIZES", "PENALTY_CHAINS", "TorchChunkedBackend", "chunked", "ldl_clamped"]
 
-Tensor = torch.Tensor
+Tensor: TypeAlias = torch.Tensor
 State = tuple[Tensor, Tensor, Tensor]
 
 #: Chunk sizes the backend takes (those of fla's chunk kernels).

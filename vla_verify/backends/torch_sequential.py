@@ -20,7 +20,7 @@ oracle.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -38,7 +38,7 @@ __all__ = [
     "work_dtype",
 ]
 
-Tensor = torch.Tensor
+Tensor: TypeAlias = torch.Tensor
 State = tuple[Tensor, Tensor, Tensor]
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -1,12 +1,13 @@
-"""C9 — kernel speed (spec §3 C9), read from the kernel benchmarks of a later issue.
+"""C9 — kernel speed (spec §3 C9), read from the kernel benchmarks.
 
 The paper: the fused Triton kernel is 14× faster than sequential Python, scales as O(T), and
 beats softmax attention latency above ≈43,000 tokens.
 
-This module measures nothing itself (the ledger runs on CPU machines); it reads
-``benchmarks/results/h200/fused.json`` — written by ``benchmarks/gpu/triton_h200.py`` on the H200
-(issue 5) — when it exists, and otherwise says plainly that the claim is not yet measured.
-Schema::
+This module measures nothing itself (the ledger runs on CPU machines).  It reads the results of
+``vla-verify bench --suite grid`` from an explicit path (``run(ctx, path=...)``) or, by default,
+from the package's copy of the stored H200 run, ``vla_verify/data/h200_fused.json`` (a copy of
+``benchmarks/results/h200/fused.json``; a test keeps the two equal), never from the working
+directory; without results it says plainly that the claim is not yet measured.  Schema::
 
     {"machine": {...}, "records": [{"op": "vla_triton_fused" | "vla_torch_sequential" | "sdpa"
                                           | ..., "B": 1, "T": 4096, "H": 16, "D": 64,
@@ -23,6 +24,7 @@ beats softmax within a factor 2 of 43,000).
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +34,29 @@ from ..ledger import Claim, ClaimResult, Context, Verdict
 
 __all__ = ["CLAIM", "RESULTS", "load_rows", "run"]
 
-RESULTS = Path("benchmarks") / "results" / "h200" / "fused.json"
+#: The package's copy of the stored results (``benchmarks/results/h200/fused.json``).
+RESULTS = "data/h200_fused.json"
 PAPER_SPEEDUP = 14.0
 PAPER_CROSSOVER = 43_000.0
 
 
-def _candidates() -> list[Path]:
-    here = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
-    return [Path.cwd() / RESULTS, here / RESULTS]
-
-
 def load_rows(path: Path | None = None) -> tuple[list[dict[str, Any]] | None, str]:
-    """The benchmark rows and where they came from, or ``(None, why not)``."""
-    paths = [path] if path is not None else _candidates()
-    for p in paths:
-        if p.is_file():
-            data = json.loads(p.read_text())
-            rows = data.get("records") if isinstance(data, dict) else None
-            if not isinstance(rows, list):
-                return None, f"{p}: expected {{'records': [...]}}"
-            return rows, str(p)
-    return None, f"no kernel benchmark results yet ({RESULTS} does not exist)"
+    """The benchmark rows of ``path`` (default: the package's copy :data:`RESULTS`) and where
+    they came from, or ``(None, why not)``."""
+    if path is None:
+        packaged = resources.files("vla_verify").joinpath(RESULTS)
+        if not packaged.is_file():
+            return None, f"no kernel benchmark results yet (vla_verify/{RESULTS} is missing)"
+        text, source = packaged.read_text(), f"vla_verify/{RESULTS}"
+    elif Path(path).is_file():
+        text, source = Path(path).read_text(), str(path)
+    else:
+        return None, f"no kernel benchmark results yet ({path} does not exist)"
+    data = json.loads(text)
+    rows = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        return None, f"{source}: expected {{'records': [...]}}"
+    return rows, source
 
 
 def _times(
