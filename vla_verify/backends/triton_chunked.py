@@ -260,8 +260,9 @@ def chunked_vla(
     input_precision : float32 state-chain products, ``"ieee"`` or ``"tf32"`` (module
         docstring, "Precision"); ignored for 16-bit inputs.
     penalty_dtype : ``"float64"`` (default) or ``"float32"``, the penalty chain's precision.
-    penalty_chunk : tokens per penalty-chain chunk (16, 32 or 64; default 32 at dk > 64 with
-        float64, else ``chunk_size``).
+    penalty_chunk : tokens per penalty-chain chunk, 16, 32 or 64 (default 32), independent of
+        ``chunk_size``: the gates are per token, so the two chains may cut the sequence
+        differently (``docs/design/triton_chunked.md``, "The penalty chain").
     planted_bug : a name of :data:`PLANTED_BUGS` (meta-tests only).
 
     Returns
