@@ -156,3 +156,32 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(UnsupportedConfigurationError) as info:
         tc.chunked_vla(x, x, x, x, input_precision="fast")
     assert info.value.argument == "input_precision"
+
+
+def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> None:
+    """Why the penalty chain runs in float64 by default (``docs/design/triton_chunked.md``):
+    the Woodbury form re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that
+    scale, so on strong penalties (the ``gaussian`` regime, ``||u|| ≈ 4``) a float32 chain puts
+    ``S`` outside the spec §4 budget where the float64 chain is well inside it."""
+    from vla_verify.properties.strategies import make_penalties
+
+    rng = np.random.default_rng(0)
+    B, T, H, dk = 1, 64, 1, 16
+    k_raw = rng.standard_normal((B, T, H, dk))
+    u = make_penalties(rng, "gaussian", (B, T, H, dk), k_raw)
+    inputs = [
+        np.exp(0.5 * rng.standard_normal((B, T, H, dk))),
+        np.exp(0.5 * k_raw),
+        rng.standard_normal((B, T, H, dk)),
+        u,
+    ]
+
+    def with_chain(penalty_dtype: str):
+        def fn(*args, **kwargs):
+            return tc.chunked_vla(*args, chunk_size=32, penalty_dtype=penalty_dtype, **kwargs)
+
+        return fn
+
+    assert _outside_budget(with_chain("float64"), inputs, None, PAPER, 0, 32) == []
+    bad = _outside_budget(with_chain("float32"), inputs, None, PAPER, 0, 32)
+    assert any(name.startswith("S") for name in bad), bad
