@@ -148,9 +148,12 @@ def _forward(
     # Triton's CPU interpreter computes tl.dot of bf16 operands wrongly (off by ~1e10 in
     # Triton 3.9), so there 16-bit inputs take the float32 products.
     dot16 = q.dtype in (torch.bfloat16, torch.float16) and not interpreted()
+    # The float32 products of 16-bit inputs take tf32: the bf16/fp16 budget of spec §4 is set
+    # by the low-precision oracle, far above tf32's rounding.
+    prec = "tf32" if dot16 else input_precision
     kernels.state_prep_kernel[(TP // C, BH)](
         k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
-        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, DOT16=dot16, PREC=input_precision,
+        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, DOT16=dot16, PREC=prec,
         num_warps=4,
     )  # fmt: skip
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
@@ -160,7 +163,7 @@ def _forward(
     kernels.state_chain_kernel[(BH, BV // bvb)](
         q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, DOT16=dot16,
-        OP=_tl_dtype(q.dtype), PREC=input_precision,
+        OP=_tl_dtype(q.dtype), PREC=prec,
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=4,
     )  # fmt: skip
     A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
