@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from vla_verify import VLAConfig, backends  # noqa: E402
 from vla_verify.backends.numpy_oracle import recurrence  # noqa: E402
 from vla_verify.error_model import compare  # noqa: E402
-from vla_verify.errors import UnsupportedConfigurationError  # noqa: E402
+from vla_verify.errors import NonFiniteError, UnsupportedConfigurationError  # noqa: E402
 
 tc = pytest.importorskip("vla_verify.backends.triton_chunked")
 
@@ -156,6 +156,11 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(UnsupportedConfigurationError) as info:
         tc.chunked_vla(x, x, x, x, input_precision="fast")
     assert info.value.argument == "input_precision"
+    bad = x.clone()
+    bad[0, 2, 0, 1] = float("nan")
+    with pytest.raises(NonFiniteError) as info:
+        tc.chunked_vla(x, bad, x, x, check_finite=True)
+    assert info.value.argument == "k"
 
 
 def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> None:

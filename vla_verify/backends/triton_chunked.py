@@ -90,9 +90,20 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+_PARAMS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
 def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
+    """The configuration scalars as a float64 device tensor, made once per (config, device): a
+    host-to-device copy from pageable memory waits for the stream, so a copy per call would
+    stall the host before every launch."""
     values = (config.lambda0, config.sm_floor, config.nudge_eta, config.out_eps, config.norm_eps)
-    return torch.tensor(values, dtype=torch.float64, device=device)
+    key = (values, device)
+    if key not in _PARAMS:
+        if len(_PARAMS) > 64:  # many configurations (a property search): do not grow forever
+            _PARAMS.clear()
+        _PARAMS[key] = torch.tensor(values, dtype=torch.float64, device=device)
+    return _PARAMS[key]
 
 
 def _forward(
@@ -258,8 +269,9 @@ def chunked_vla(
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
     start : tokens consumed before the call (spec §2.3: the nudge clock continues).
     chunk_size : ``C`` of the state chain, 16, 32 or 64.
-    check_finite : raise :class:`~vla_verify.errors.NonFiniteResultError` when finite inputs
-        give a non-finite output or state (one device-to-host sync).
+    check_finite : check that the inputs are finite (:class:`~vla_verify.errors.NonFiniteError`)
+        and raise :class:`~vla_verify.errors.NonFiniteResultError` when they give a non-finite
+        output or state (device-to-host syncs; off by default).
     input_precision : float32 state-chain products, ``"ieee"`` or ``"tf32"`` (module
         docstring, "Precision"); ignored for 16-bit inputs.
     penalty_dtype : ``"float64"`` (default) or ``"float32"``, the penalty chain's precision.
@@ -274,7 +286,9 @@ def chunked_vla(
     """
     config = VLAConfig() if config is None else config
     start = check_start(start)
-    shapes = check_inputs(q, k, v, u, initial_state)
+    # A finiteness check of the inputs is a device-to-host sync, so only with check_finite (the
+    # registry backend checks them itself).
+    shapes = check_inputs(q, k, v, u, initial_state, check_finite=check_finite)
     for name, x in (("q", q), ("k", k), ("v", v), ("u", u)):
         if not isinstance(x, torch.Tensor):
             raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
