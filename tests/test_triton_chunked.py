@@ -84,11 +84,11 @@ STRONG_NUDGE = VLAConfig(nudge_period=20, nudge_eta=0.5)
 @pytest.mark.parametrize(
     ("T", "dk", "dv", "C", "config", "start"),
     [
-        (150, 16, 16, 64, PAPER, 0),
+        (100, 16, 16, 64, PAPER, 0),
         (100, 32, 8, 32, STRONG_NUDGE, 7),
-        (70, 8, 6, 16, VLAConfig.exact(), 0),
+        (40, 8, 6, 16, VLAConfig.exact(), 0),
     ],
-    ids=["paper-T150-C64", "nudge-start7-C32", "exact-C16"],
+    ids=["paper-T100-C64", "nudge-start7-C32", "exact-T40-C16"],
 )
 def test_chunked_vla_matches_the_oracle(T, dk, dv, C, config, start) -> None:
     inputs, _ = _inputs(T, dk, dv, seed=T)
@@ -190,3 +190,31 @@ def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> No
     assert _outside_budget(with_chain("float64"), inputs, None, PAPER, 0, 32) == []
     bad = _outside_budget(with_chain("float32"), inputs, None, PAPER, 0, 32)
     assert any(name.startswith("S") for name in bad), bad
+
+
+def test_registry_backend_passes_validate() -> None:
+    """``validate`` (budget, state carry, the chunked floor from the ``chunk_size`` option) on a
+    few drawn examples of the paper preset, nudges inside chunks of 16."""
+    from vla_verify import validate
+    from vla_verify.properties.strategies import ShapeBounds
+
+    report = validate(
+        backends.get("triton_chunked", chunk_size=16),
+        config=PAPER,
+        array="torch",
+        dtype="float32",
+        max_examples=2,
+        seed=1,
+        bounds=ShapeBounds(max_B=1, max_H=2, max_T=45, min_T=21, max_dk=8, max_dv=8),
+    )
+    assert report.passed, report.summary()
+    assert report.chunk_size == 16
+
+
+def test_check_support_says_what_cannot_run() -> None:
+    b = backends.get("triton_chunked")
+    shapes = backends.registry.Shapes(1, 8, 1, 4, 4)
+    assert b.check_support(PAPER, shapes, "float32") is None
+    reason = b.check_support(PAPER, shapes, "float64")
+    assert reason is not None and "torch_chunked" in reason
+    assert b.check_support(PAPER, backends.registry.Shapes(1, 8, 1, 256, 4), "float32")

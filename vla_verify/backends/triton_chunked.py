@@ -149,10 +149,13 @@ def _forward(
     gates = torch.empty(BH, TP, BK, dtype=f32, device=dev)
     W = torch.empty(BH, CP, BK, dtype=pd, device=dev)
     bkb = min(BK, 32)
+    # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
+    # kernel holds several: 8 warps keep them in registers.
+    warps = 4 if BK <= 64 else 8
     kernels.penalty_chain_kernel[(BH,)](
         k, u, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
         DK=dk, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
-        NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=4 if BK <= 64 else 8,
+        NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
     )  # fmt: skip
     Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
     Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
@@ -165,7 +168,7 @@ def _forward(
     kernels.state_prep_kernel[(TP // C, BH)](
         k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, DOT16=dot16, PREC=prec,
-        num_warps=4,
+        num_warps=warps,
     )  # fmt: skip
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
@@ -175,7 +178,7 @@ def _forward(
         q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, DOT16=dot16,
         OP=_tl_dtype(q.dtype), PREC=prec,
-        NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=4,
+        NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
     )  # fmt: skip
     A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
@@ -391,6 +394,13 @@ class TritonChunkedBackend(Backend):
     ) -> str | None:
         reason = super().check_support(config, shapes, dtype, device, variant=variant)
         if reason is not None:
+            if dtype == "float64":
+                reason += (
+                    ": the kernels accumulate the state chain in float32; the 'torch_chunked' "
+                    "backend runs the same chunked forms in float64"
+                )
+            elif (variant or self.variant) != "vla":
+                reason += "; the 'torch_chunked' backend runs delta and linear chunked"
             return reason
         if device == "cpu" and not interpreted():
             return (
