@@ -10,7 +10,9 @@ and 128, T ∈ {1k, 4k, 16k, 64k}: ``vla_triton_chunked``, ``vla_triton_fused``,
 breakdown of the chunked forward (torch.profiler); penalty-chain variants; the overhead of
 :func:`vla_verify.ops.vla` at T = 1024.
 
-Usage: ``python benchmarks/gpu/chunk_h200.py --out DIR --commit SHA [--quick]``.
+Usage: ``python benchmarks/gpu/chunk_h200.py --out DIR --commit SHA [--quick]``;
+``TRITON_INTERPRET=1 python benchmarks/gpu/chunk_h200.py --out DIR --smoke`` runs every step on
+the CPU at toy sizes (a test of the script, not a measurement).
 """
 
 from __future__ import annotations
@@ -24,6 +26,39 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+#: Sizes of each step; ``--smoke`` replaces them with toy ones on the CPU.
+RUN: dict[str, Any] = {
+    "device": "cuda",
+    "smoke": False,
+    "validate_dks": (64, 128),
+    "validate_T": 200,
+    "long_Ts": (16384, 65536),
+    "long_dk": 64,
+    "penalty_shape": (1, 256, 4, 64),
+    "grad_shape": (1, 200, 2, 64),
+    "grid_Ds": (64, 128),
+    "grid_Ts": (1024, 4096, 16384, 65536),
+    "grid_H": 16,
+    "variant_T": 4096,
+    "overhead_T": 1024,
+}
+SMOKE = {
+    "device": "cpu",
+    "smoke": True,
+    "validate_dks": (8,),
+    "validate_T": 30,
+    "long_Ts": (150,),
+    "long_dk": 8,
+    "penalty_shape": (1, 40, 2, 8),
+    "grad_shape": (1, 20, 1, 8),
+    "grid_Ds": (16,),
+    "grid_Ts": (64,),
+    "grid_H": 2,
+    "variant_T": 64,
+    "overhead_T": 64,
+}
 
 
 def _log(*a: Any) -> None:
@@ -46,13 +81,15 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
     be = backends.get("triton_chunked")
     for dtype in ("bfloat16", "float32"):
         for name, config in (("paper", VLAConfig()), ("exact", VLAConfig.exact())):
-            for dk in (64, 128):
+            for dk in RUN["validate_dks"]:
                 t0 = time.time()
                 try:
                     rep = validate(
-                        be, config=config, array="torch", dtype=dtype, device="cuda",
-                        max_examples=3 if quick else 6, seed=dk,
-                        bounds=ShapeBounds(max_B=1, max_H=2, max_T=200, max_dk=dk, max_dv=dk),
+                        be, config=config, array="torch", dtype=dtype, device=RUN["device"],
+                        max_examples=1 if RUN["smoke"] else 3 if quick else 6, seed=dk,
+                        bounds=ShapeBounds(
+                            max_B=1, max_H=2, max_T=RUN["validate_T"], max_dk=dk, max_dv=dk
+                        ),
                     )  # fmt: skip
                     res[f"validate_{dtype}_{name}_dk{dk}"] = {
                         "passed": rep.passed, "examples": rep.examples,
@@ -64,7 +101,7 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
                 _log("validate", dtype, name, dk, res[f"validate_{dtype}_{name}_dk{dk}"])
 
     def long_check(T: int, dk: int, H: int, penalty_dtype: str = "float64") -> dict[str, Any]:
-        x = _inputs(1, T, H, dk, torch.float32, "cuda", seed=T)
+        x = _inputs(1, T, H, dk, torch.float32, RUN["device"], seed=T)
         args = [x[n] for n in "qkvu"]
         cfg = VLAConfig()
         o, st = chunked_vla(*args, config=cfg, penalty_dtype=penalty_dtype)
@@ -85,26 +122,27 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
         r["passed"] = all(v["ratio"] <= 1 for v in r.values() if isinstance(v, dict))
         return r
 
-    for T in (16384,) if quick else (16384, 65536):
+    for T in RUN["long_Ts"][:1] if quick else RUN["long_Ts"]:
         t0 = time.time()
+        key = f"long_T{T}_dk{RUN['long_dk']}_H2"
         try:
-            res[f"long_T{T}_dk64_H2"] = long_check(T, 64, 2)
+            res[key] = long_check(T, RUN["long_dk"], 2)
         except Exception as exc:
-            res[f"long_T{T}_dk64_H2"] = {"error": repr(exc), "tb": traceback.format_exc()}
-        res[f"long_T{T}_dk64_H2"]["seconds"] = round(time.time() - t0, 1)
-        _log("long", T, res[f"long_T{T}_dk64_H2"])
+            res[key] = {"error": repr(exc), "tb": traceback.format_exc()}
+        res[key]["seconds"] = round(time.time() - t0, 1)
+        _log("long", T, res[key])
 
     # The penalty chain's precision on concentrated penalties (strategies), T = 256, dk = 64.
     rng = np.random.default_rng(0)
-    for regime in ("concentrated", "layer"):
-        B, T, H, dk = 1, 256, 4, 64
+    for regime in ("concentrated", "gaussian", "layer"):
+        B, T, H, dk = RUN["penalty_shape"]
         k_raw = rng.standard_normal((B, T, H, dk))
         u = make_penalties(rng, regime, (B, T, H, dk), k_raw)
         q = np.exp(0.5 * rng.standard_normal((B, T, H, dk)))
         k = np.exp(0.5 * k_raw)
         v = rng.standard_normal((B, T, H, dk))
         cfg = VLAConfig()
-        t = [torch.tensor(a, dtype=torch.float32, device="cuda") for a in (q, k, v, u)]
+        t = [torch.tensor(a, dtype=torch.float32, device=RUN["device"]) for a in (q, k, v, u)]
         seen = [a.double().cpu().numpy() for a in t]
         ref = recurrence(*seen, config=cfg)
         base = recurrence(*seen, config=cfg, dtype="float32")
@@ -134,7 +172,8 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
 
     # Gradients (the backward recomputes through torch_chunked) against torch_chunked float64.
     try:
-        x = _inputs(1, 200, 2, 64, torch.float32, "cuda", seed=1)
+        B, T, H, dk = RUN["grad_shape"]
+        x = _inputs(B, T, H, dk, torch.float32, RUN["device"], seed=1)
         cfg = VLAConfig()
 
         def grads(fn: Any, dtype: Any) -> list[Any]:
@@ -150,10 +189,10 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
         for n, g, r, b in zip("qkvu", got, ref, base, strict=True):
             budget = 2 * float((b - r).abs().max()) + 2 * 66 * 6e-8 * float(r.abs().max())
             ratios[n] = float((g - r).abs().max()) / budget
-        res["grad_T200_dk64"] = {"ratio": ratios, "passed": max(ratios.values()) <= 1}
+        res["grad"] = {"shape": [B, T, H, dk], "ratio": ratios, "passed": max(ratios.values()) <= 1}
     except Exception as exc:
-        res["grad_T200_dk64"] = {"error": repr(exc)}
-    _log("grad", res["grad_T200_dk64"])
+        res["grad"] = {"error": repr(exc)}
+    _log("grad", res["grad"])
 
 
 def _grid_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
@@ -166,8 +205,9 @@ def _grid_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
 
     q, k, v, u = (x[n] for n in "qkvu")
     qu, ku = x["q_unit"], x["k_unit"]
-    beta = torch.ones(1, T, 16, device="cuda", dtype=torch.bfloat16)
-    gk = torch.zeros(1, T, 16, D, device="cuda", dtype=torch.float32)
+    H = q.shape[2]
+    beta = torch.ones(1, T, H, device=q.device, dtype=q.dtype)
+    gk = torch.zeros(1, T, H, D, device=q.device, dtype=torch.float32)
     qh, kh, vh = (a.transpose(1, 2).contiguous() for a in (q, k, v))
     fns: dict[str, Any] = {
         "vla_triton_chunked": lambda: chunked_vla(q, k, v, u, config=cfg)[0],
@@ -202,34 +242,37 @@ def timing(out: dict[str, Any], quick: bool) -> None:
 
     cfg = VLAConfig()
     recs = out["records"]
-    Ts = (1024, 4096, 16384) if quick else (1024, 4096, 16384, 65536)
-    for D in (64, 128):
+    Ts = RUN["grid_Ts"][:3] if quick else RUN["grid_Ts"]
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16  # the interpreter's bf16 tl.dot is wrong
+    for D in RUN["grid_Ds"]:
         for T in Ts:
-            x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+            x = _inputs(1, T, H, D, dt, dev)
             fns = _grid_fns(x, cfg, T, D)
             for op, fn in fns.items():
                 try:
-                    ms = time_ms(fn)
+                    ms = time_ms(fn, smoke=smoke)
                 except Exception as exc:
                     _log("timing failed", op, D, T, repr(exc))
                     continue
-                rec = {"op": op, "B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16",
+                rec = {"op": op, "B": 1, "T": T, "H": H, "D": D, "dtype": str(dt)[6:],
                        "mode": "fwd", "median_ms": ms}  # fmt: skip
                 recs.append(rec)
                 _log(rec)
             del x, fns
             torch.cuda.empty_cache()
 
-    # Variants and the breakdown at T = 4096 (and 16384 for the breakdown).
+    # Variants of the penalty chain and the kernel breakdown at T = 4096.
     var = out["variants"]
-    for D in (64, 128):
-        x = _inputs(1, 4096, 16, D, torch.bfloat16, "cuda")
+    VT = RUN["variant_T"]
+    for D in RUN["grid_Ds"]:
+        x = _inputs(1, VT, H, D, dt, dev)
         q, k, v, u = (x[n] for n in "qkvu")
         for pc in (16, 32, 64):
             for pd in ("float64", "float32"):
                 try:
-                    ms = time_ms(_variant(x, cfg, pc, pd))
-                    var.append({"D": D, "T": 4096, "penalty_chunk": pc, "penalty_dtype": pd,
+                    ms = time_ms(_variant(x, cfg, pc, pd), smoke=smoke)
+                    var.append({"D": D, "T": VT, "penalty_chunk": pc, "penalty_dtype": pd,
                                 "median_ms": ms})  # fmt: skip
                     _log(var[-1])
                 except Exception as exc:
@@ -237,6 +280,8 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         try:
             from torch.profiler import ProfilerActivity, profile
 
+            if smoke:
+                raise RuntimeError("no CUDA kernels to profile on the CPU")
             chunked_vla(q, k, v, u, config=cfg)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -247,13 +292,14 @@ def timing(out: dict[str, Any], quick: bool) -> None:
             for e in prof.key_averages():
                 if e.device_type.name == "CUDA" or "kernel" in e.key:
                     kern[e.key] = getattr(e, "device_time_total", 0.0) / 5 / 1e3
-            out["breakdown"][f"D{D}_T4096_ms"] = kern
+            out["breakdown"][f"D{D}_T{VT}_ms"] = kern
             _log("breakdown", D, kern)
         except Exception as exc:
             _log("breakdown failed", repr(exc))
 
     # The entry point's overhead at T = 1024, D = 64 (it dispatches to the recurrent kernel).
-    x = _inputs(1, 1024, 16, 64, torch.bfloat16, "cuda")
+    OT = RUN["overhead_T"]
+    x = _inputs(1, OT, H, RUN["grid_Ds"][0], dt, dev)
     q, k, v, u = (x[n] for n in "qkvu")
     reg = backends.get("triton_fused")
     ov: dict[str, Any] = {}
@@ -263,15 +309,18 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         ("registry_triton_fused", lambda: reg(q, k, v, u, config=cfg)[0]),
         ("fused_direct_again", lambda: fused_recurrent_vla(q, k, v, u, config=cfg)[0]),
     ):
-        ov[name] = time_ms(fn)
+        ov[name] = time_ms(fn, smoke=smoke)
         # Host time per call (what do_bench's GPU events can hide when the GPU is the bound).
-        torch.cuda.synchronize()
+        reps = 2 if smoke else 50
+        if not smoke:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(50):
+        for _ in range(reps):
             fn()
-        torch.cuda.synchronize()
-        ov[name + "_wall_ms"] = (time.perf_counter() - t0) / 50 * 1e3
-    out["ops_overhead_T1024_D64"] = ov
+        if not smoke:
+            torch.cuda.synchronize()
+        ov[name + "_wall_ms"] = (time.perf_counter() - t0) / reps * 1e3
+    out["ops_overhead"] = {"T": OT, "D": RUN["grid_Ds"][0], **ov}
     _log("overhead", ov)
 
 
@@ -280,8 +329,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
     ap.add_argument("--skip-correctness", action="store_true")
     a = ap.parse_args()
+    if a.smoke:
+        RUN.update(SMOKE)
     from vla_verify.bench import machine_info
 
     out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "records": [],
