@@ -15,11 +15,14 @@ exactly (spec §2.3: the nudge fires after step t of the call when ``(start + t)
 == 0``).
 
 Precision.  Inputs are float32, bfloat16 or float16; the state chain accumulates in float32,
-with bf16/fp16 operands for 16-bit inputs and, for float32 inputs, ``input_precision``
-``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The penalty chain runs
-in ``penalty_dtype`` (default float64; float32 is offered to measure: its Woodbury form
-re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale,
-:mod:`.torch_chunked`, "Precision").  The state comes back in float32.
+with bf16/fp16 operands (and tf32 for its float32 products) for 16-bit inputs and, for float32
+inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa
+operands).  The penalty chain runs in ``penalty_dtype``: float64 by default, since a float32
+Woodbury chain re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale,
+which was measured outside the spec §4 budget on strong penalties (``docs/design/
+triton_chunked.md``); float32 stays available for layer-like penalties.  The state comes back
+in float32.  Under Triton's CPU interpreter 16-bit inputs take the float32 products (the
+interpreter computes bf16 ``tl.dot`` wrongly).
 
 Gradients.  The backward is not a Triton kernel yet: :class:`ChunkedVLAFunction` recomputes the
 forward through :func:`vla_verify.backends.torch_chunked.chunked` (the same spec §5 forms in
@@ -61,8 +64,8 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
 INPUT_PRECISIONS: tuple[str, ...] = ("ieee", "tf32")
-#: Precisions of the penalty chain.
-PENALTY_DTYPES: dict[str, Any] = {"float64": None, "float32": None}
+#: Precisions of the penalty chain (``penalty_dtype``).
+PENALTY_DTYPES: tuple[str, ...] = ("float64", "float32")
 _DTYPES = ("float32", "bfloat16", "float16")
 _NEVER = 2**31 - 1  # a nudge period meaning "never"
 #: Planted bugs for the meta-tests (``planted_bug=`` of :func:`chunked_vla`).
@@ -167,8 +170,7 @@ def _forward(
     prec = "tf32" if dot16 else input_precision
     kernels.state_prep_kernel[(TP // C, BH)](
         k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
-        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, DOT16=dot16, PREC=prec,
-        num_warps=warps,
+        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
     )  # fmt: skip
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
@@ -315,7 +317,7 @@ def chunked_vla(
         )  # fmt: skip
     if penalty_dtype not in PENALTY_DTYPES:
         raise UnsupportedConfigurationError(
-            _NAME, f"penalty_dtype must be one of {tuple(PENALTY_DTYPES)}, got {penalty_dtype!r}",
+            _NAME, f"penalty_dtype must be one of {PENALTY_DTYPES}, got {penalty_dtype!r}",
             argument="penalty_dtype",
         )  # fmt: skip
     if penalty_chunk is None:

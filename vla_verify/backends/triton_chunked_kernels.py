@@ -25,8 +25,10 @@ Three launches, in this order:
    ``S_{c+1} = S_c + E_cᵀ Â_c``, and the read-out normaliser from ``z_t = z_0 + Σ_{s≤t} k_s``.
 
 Products of the state chain take the inputs' dtype as operands when that is 16-bit (bf16/fp16
-operands, float32 accumulation), else float32 with ``input_precision`` (``"ieee"`` or
-``"tf32"``: the documented switch of :func:`~vla_verify.backends.triton_chunked.chunked_vla`).
+operands, float32 accumulation; constexpr ``DOT16``), else float32 with ``PREC`` (``"ieee"`` or
+``"tf32"``: the ``input_precision`` switch of
+:func:`~vla_verify.backends.triton_chunked.chunked_vla`).  The penalty chain's products are
+``PD`` × ``PD`` with ``PD`` accumulation (float64 tensor cores on sm_90).
 """
 
 from __future__ import annotations
@@ -191,7 +193,6 @@ def state_prep_kernel(
     BV: tl.constexpr,
     C: tl.constexpr,
     TP: tl.constexpr,
-    DOT16: tl.constexpr,
     PREC: tl.constexpr,
 ):
     c = tl.program_id(0)
