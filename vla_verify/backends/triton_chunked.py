@@ -396,12 +396,12 @@ class TritonChunkedBackend(Backend):
     ) -> str | None:
         reason = super().check_support(config, shapes, dtype, device, variant=variant)
         if reason is not None:
-            if dtype == "float64":
+            if reason.startswith("dtype float64"):
                 reason += (
                     ": the kernels accumulate the state chain in float32; the 'torch_chunked' "
                     "backend runs the same chunked forms in float64"
                 )
-            elif (variant or self.variant) != "vla":
+            elif reason.startswith("variant"):
                 reason += "; the 'torch_chunked' backend runs delta and linear chunked"
             return reason
         if device == "cpu" and not interpreted():
