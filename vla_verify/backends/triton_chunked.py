@@ -402,7 +402,7 @@ class TritonChunkedBackend(Backend):
                     "backend runs the same chunked forms in float64"
                 )
             elif reason.startswith("variant"):
-                reason += "; the 'torch_chunked' backend runs delta and linear chunked"
+                reason += "; 'torch_chunked' runs delta and linear chunked, 'torch' runs rls"
             return reason
         if device == "cpu" and not interpreted():
             return (
