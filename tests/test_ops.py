@@ -108,3 +108,32 @@ print(compare("o", o.double().numpy(), ref.o, base.o, "float32", terms=8 + 64).r
     )
     ratio = float(out.stdout.split()[-1])  # error / spec §4 budget (the chunked floor, C = 64)
     assert np.isfinite(ratio) and ratio <= 1.0
+
+
+def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
+    """``benchmarks/gpu/chunk_h200.py`` computes the crossover T (for C9 and for
+    ``FORWARD_CROSSOVER_T``) from medians: on a linear op against a quadratic one that meet at
+    T = 10⁴ it finds 10⁴ and the exponents 1 and 2; an op never faster has no crossover."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "chunk_h200.py"
+    spec = importlib.util.spec_from_file_location("chunk_h200", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    Ts = (1024, 4096, 16384, 65536)
+    linear = {T: 1e-3 * T for T in Ts}
+    quadratic = {T: 1e-7 * T * T for T in Ts}
+    assert script._crossing(linear, quadratic) == pytest.approx(1e4)
+    assert script._crossing(quadratic, linear) == 1024.0  # faster from the smallest T on
+    assert script._crossing({T: 2 * v for T, v in quadratic.items()}, quadratic) is None
+    records = [
+        {"op": op, "D": 64, "mode": "fwd", "T": T, "median_ms": series[T]}
+        for op, series in (("vla_triton_chunked", linear), ("sdpa", quadratic))
+        for T in Ts
+    ]
+    out = {"records": records}
+    script.analyse(out, tmp_path / "chunk.json")
+    assert out["analysis"]["exponents"] == {"vla_triton_chunked_D64_fwd": 1.0, "sdpa_D64_fwd": 2.0}
+    assert out["analysis"]["crossovers"]["fwd_D64_chunked_beats_sdpa_from_T"] == pytest.approx(1e4)

@@ -324,6 +324,72 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     _log("overhead", ov)
 
 
+def _crossing(a: dict[int, float], b: dict[int, float]) -> float | None:
+    """The T at which op ``a`` becomes faster than op ``b`` (medians by T), interpolated
+    log-linearly between the two measured T around the first sign change; ``None`` if ``a``
+    is never faster, the smallest T if it is faster everywhere."""
+    import math
+
+    Ts = sorted(set(a) & set(b))
+    prev = None
+    for T in Ts:
+        d = math.log(a[T]) - math.log(b[T])
+        if d < 0:
+            if prev is None:
+                return float(T)
+            T0, d0 = prev
+            w = d0 / (d0 - d)
+            return float(math.exp(math.log(T0) + w * (math.log(T) - math.log(T0))))
+        prev = (T, d)
+    return None
+
+
+def analyse(out: dict[str, Any], path: Path) -> None:
+    """Fitted exponents (log ms against log T), the crossovers of the chunked forward with
+    causal SDPA (C9's question) and with the recurrent kernel (``ops.FORWARD_CROSSOVER_T``),
+    and a log-log plot of latency against T."""
+    import numpy as np
+
+    by: dict[tuple[str, int, str], dict[int, float]] = {}
+    for r in out["records"]:
+        by.setdefault((r["op"], r["D"], r["mode"]), {})[r["T"]] = r["median_ms"]
+    fits = {}
+    for (op, D, mode), series in by.items():
+        Ts = sorted(series)
+        if len(Ts) >= 2:
+            slope = np.polyfit(np.log(Ts), np.log([series[T] for T in Ts]), 1)[0]
+            fits[f"{op}_D{D}_{mode}"] = round(float(slope), 3)
+    cross = {}
+    for D in sorted({r["D"] for r in out["records"]}):
+        chunked = by.get(("vla_triton_chunked", D, "fwd"), {})
+        for other in ("sdpa", "vla_triton_fused", "fla_chunk_dplr"):
+            ref = by.get((other, D, "fwd"), {})
+            if chunked and ref:
+                cross[f"fwd_D{D}_chunked_beats_{other}_from_T"] = _crossing(chunked, ref)
+    out["analysis"] = {"exponents": fits, "crossovers": cross}
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        for ax, D in zip(axes, (64, 128), strict=False):
+            for (op, d, mode), series in sorted(by.items()):
+                if d == D and mode == "fwd":
+                    Ts = sorted(series)
+                    ax.loglog(Ts, [series[T] for T in Ts], "o-", label=op)
+            ax.set_title(f"D = {D}, forward, bf16, B = 1, H = 16")
+            ax.set_xlabel("T")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("median ms")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path.with_name("chunk_latency.png"), dpi=120)
+    except Exception as exc:  # a plot is a convenience; the JSON holds the numbers
+        _log("plot failed", repr(exc))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -346,6 +412,7 @@ def main() -> None:
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
         timing(out, a.quick)
+        analyse(out, path)
     except Exception:
         out["error"] = traceback.format_exc()
         _log(out["error"])
