@@ -398,12 +398,76 @@ def analyse(out: dict[str, Any], path: Path) -> None:
         _log("plot failed", repr(exc))
 
 
+def minimal(out: dict[str, Any]) -> None:
+    """A short run: the bf16 kernel against the oracle at T = 4096, then the chunked forward
+    and causal SDPA at D = 64, 128 and T = 4096, 16384, and the chunked forward's kernels."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.numpy_oracle import recurrence
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _inputs, time_ms
+    from vla_verify.error_model import compare
+
+    cfg = VLAConfig()
+    for D in (64, 128):
+        x = _inputs(1, 4096, 2, D, torch.bfloat16, "cuda", seed=D)
+        args = [x[n] for n in "qkvu"]
+        o, _ = chunked_vla(*args, config=cfg)
+        seen = [a.double().cpu().numpy() for a in args]
+        ref = recurrence(*seen, config=cfg)
+        base = recurrence(*seen, config=cfg, dtype="bfloat16")
+        c = compare("o", o.double().cpu().numpy(), ref.o, base.o, "bfloat16", terms=D + 64)
+        out["correctness"][f"bf16_T4096_D{D}_H2_o"] = {
+            "ratio": c.ratio,
+            "max_err": float(np.max(c.error)),
+            "passed": c.passed,
+        }
+        _log("check", D, out["correctness"][f"bf16_T4096_D{D}_H2_o"])
+        RUN["path"].write_text(json.dumps(out, indent=1))
+    for D in (64, 128):
+        for T in (4096, 16384):
+            x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+            q, k, v, u = (x[n] for n in "qkvu")
+            qh, kh, vh = (a.transpose(1, 2).contiguous() for a in (q, k, v))
+            fns = {
+                "vla_triton_chunked": lambda q=q, k=k, v=v, u=u: chunked_vla(q, k, v, u)[0],
+                "sdpa": lambda a=qh, b=kh, c=vh: F.scaled_dot_product_attention(
+                    a, b, c, is_causal=True
+                ),
+            }
+            for op, fn in fns.items():
+                rec = {"op": op, "B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16",
+                       "mode": "fwd", "median_ms": time_ms(fn)}  # fmt: skip
+                out["records"].append(rec)
+                _log(rec)
+                RUN["path"].write_text(json.dumps(out, indent=1))
+            if T == 4096:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        chunked_vla(q, k, v, u)
+                    torch.cuda.synchronize()
+                kern = {
+                    e.key: getattr(e, "device_time_total", 0.0) / 3 / 1e3
+                    for e in prof.key_averages()
+                    if "kernel" in e.key
+                }
+                out["breakdown"][f"D{D}_T{T}_ms"] = kern
+                _log("breakdown", D, kern)
+                RUN["path"].write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
+    ap.add_argument("--minimal", action="store_true", help="a short run (function minimal)")
     ap.add_argument("--skip-correctness", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -415,6 +479,15 @@ def main() -> None:
     path = Path(a.out) / "chunk.json"
     RUN["path"] = path
     t0 = time.time()
+    if a.minimal:
+        try:
+            minimal(out)
+        except Exception:
+            out["error"] = traceback.format_exc()
+            _log(out["error"])
+        out["seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(out, indent=1))
+        return
     try:
         if not a.skip_correctness:
             correctness(out, a.quick)

@@ -129,7 +129,9 @@ def _forward(
     dv = v.shape[-1]
     dev = q.device
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))
-    BK, BV = _pow2(dk), _pow2(dv)
+    # At least 32: Triton 3.6 fails to lower the float64 products of a 16-wide tile on sm_90
+    # (the H200 run of benchmarks/gpu/chunk_h200.py); zero padding is exact.
+    BK, BV = max(32, _pow2(dk)), _pow2(dv)
     BH = B * H
     L = max(C, CP)
     TP = math.ceil(T / L) * L
