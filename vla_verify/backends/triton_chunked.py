@@ -129,8 +129,8 @@ def _forward(
     dv = v.shape[-1]
     dev = q.device
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))
-    # At least 32: Triton 3.6 fails to lower the float64 products of a 16-wide tile on sm_90
-    # (the H200 run of benchmarks/gpu/chunk_h200.py); zero padding is exact.
+    # At least 32: Triton 3.6 failed to lower the float64 penalty kernel at a 16-wide key tile
+    # on sm_90 (an H200 run of benchmarks/gpu/chunk_h200.py); zero padding is exact.
     BK, BV = max(32, _pow2(dk)), _pow2(dv)
     BH = B * H
     L = max(C, CP)

@@ -165,9 +165,11 @@ def penalty_chain_kernel(
         tl.debug_barrier()
         for kb in tl.static_range(BK // BKB):
             cb = kb * BKB + okb
-            Wsb = tl.load(wb + ot[:, None] * BK + cb[None, :])
+            # (W D^{-1})ᵀ's row block, loaded transposed: Triton 3.6 fails to lower a register
+            # transpose of a loaded float64 tile into a dot operand on sm_90.
+            WsbT = tl.load(wb + ot[None, :] * BK + cb[:, None])  # [BKB, CP]
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
-            Xb = Xb - tl.dot(tl.trans(Wsb), W, input_precision="ieee", out_dtype=PD)
+            Xb = Xb - tl.dot(WsbT, W, input_precision="ieee", out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
             tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
         tl.debug_barrier()
