@@ -149,4 +149,17 @@ def test_run_takes_a_configuration_each_backend_supports() -> None:
     config, note = _run_config(backends.get("numpy"), "float64", "cpu")
     assert config == VLAConfig() and note == ""
     config, note = _run_config(backends.get("torch_chunked", chunk_size=32), "float32", "cpu")
+    assert config == VLAConfig() and note == ""  # nudges inside chunks run exactly
+
+    class ChunkBoundaryNudges:
+        """A chunked backend that takes nudges at chunk boundaries only."""
+
+        def __init__(self) -> None:
+            self.options = {"chunk_size": 32}
+
+        def check_support(self, config, shapes, dtype, device):  # type: ignore[no-untyped-def]
+            period = config.nudge_period
+            return None if period is None or period % 32 == 0 else "nudges off the boundaries"
+
+    config, note = _run_config(ChunkBoundaryNudges(), "float32", "cpu")
     assert config.nudge_period == 32 and "nudge_period=32" in note

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.torch
 
 EXACT = VLAConfig.exact()
 NUDGE16 = VLAConfig(nudge_period=16)  # nudges at chunk boundaries of chunk_size 16
+PAPER = VLAConfig()  # nudge period 20: nudges inside chunks of 16, 32 and 64
 
 
 def chunk_factor(chunk_size: int, dk: int = ShapeBounds().max_dk) -> float:
@@ -212,11 +213,9 @@ def test_sequential_rls_conformance(dtype: str) -> None:
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])
-@pytest.mark.parametrize("config", [EXACT, NUDGE16], ids=["exact", "nudge16"])
+@pytest.mark.parametrize("config", [EXACT, NUDGE16, PAPER], ids=["exact", "nudge16", "paper"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_chunked_vla_passes_validate(dtype: str, config: VLAConfig, chunk_size: int) -> None:
-    if config.nudge_period is not None and config.nudge_period % chunk_size:
-        pytest.skip("nudge period not a multiple of the chunk size")
     report = validate(
         backends.get("torch_chunked", chunk_size=chunk_size),
         config=config,
@@ -451,6 +450,7 @@ def _grad_inputs(
         ("torch", {}, "delta", EXACT),
         ("torch_chunked", {"chunk_size": 16}, "vla", EXACT),
         ("torch_chunked", {"chunk_size": 16}, "vla", NUDGE16),
+        ("torch_chunked", {"chunk_size": 16, "penalty_chain": "woodbury"}, "vla", PAPER),
         ("torch_chunked", {"chunk_size": 16}, "delta", EXACT),
         ("torch_chunked", {"chunk_size": 16}, "linear", EXACT),
     ],
@@ -460,6 +460,7 @@ def _grad_inputs(
         "seq-delta",
         "chk-vla",
         "chk-vla-nudge16",
+        "chk-vla-paper-woodbury",
         "chk-delta",
         "chk-linear",
     ],
@@ -553,20 +554,62 @@ def test_invalid_chunk_size_is_refused_at_construction(size: object) -> None:
     assert "16, 32, 64" in str(info.value)
 
 
-def test_nudge_period_not_multiple_of_chunk_size_is_refused() -> None:
-    b = backends.get("torch_chunked", chunk_size=32)
-    config = VLAConfig(nudge_period=20)
-    reason = b.check_support(config, backends.registry.Shapes(1, 40, 1, 4, 4), "float32")
-    assert reason is not None and "multiple of chunk_size=32" in reason
-    inputs, _ = _inputs(1, 40, 1, 4, 4)
-    with pytest.raises(UnsupportedConfigurationError) as info:
-        b(*[_torch(x) for x in inputs], config=config)
-    assert info.value.argument == "config.nudge_period"
-    # The sequential backend takes any period, the chunked one a multiple of its chunk size.
-    backends.get("torch")(*[_torch(x) for x in inputs], config=config)
-    backends.get("torch_chunked", chunk_size=16)(
-        *[_torch(x) for x in inputs], config=VLAConfig(nudge_period=64)
-    )
+@pytest.mark.parametrize("chain", ["woodbury", "stepwise"])
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_chunked_paper_preset_nudges_inside_chunks(chunk_size: int, chain: str) -> None:
+    """Period 20 puts nudges inside chunks of 16, 32 and 64 (the shifted form ``A = B + c·I``,
+    torch_chunked docstring); a strong ``nudge_eta`` makes a misplaced nudge visible.  float64
+    and float32 against the oracle within the spec §4 budget; ``check_support`` takes it."""
+    inputs, _ = _inputs(2, 150, 2, 6, 4, seed=11)
+    b = backends.get("torch_chunked", chunk_size=chunk_size, penalty_chain=chain)
+    factor = chunk_factor(chunk_size, dk=6)
+    for config in (PAPER, VLAConfig(nudge_period=20, nudge_eta=0.5)):
+        assert b.check_support(config, backends.registry.Shapes(2, 150, 2, 6, 4), "float32") is None
+        for dtype, name in ((torch.float64, "float64"), (torch.float32, "float32")):
+            o, state = b(*[_torch(x, dtype) for x in inputs], config=config)
+            got = _as_numpy(o, state)
+            assert _budgeted(got, inputs, None, config, "vla", name, factor=factor) == []
+
+
+@pytest.mark.parametrize("start", [0, 7, 13, 20, 59])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_chunked_start_continues_the_nudge_clock(chunk_size: int, start: int) -> None:
+    """spec §2.3: with ``start``, the nudge fires after step t when ``(start + t) % 20 == 0``;
+    checked against the oracle's ``recurrence(start=)`` (starts off the period included), and a
+    sequence cut anywhere, continued with ``start`` = the tokens consumed, equals the whole."""
+    config = VLAConfig(nudge_period=20, nudge_eta=0.5)
+    inputs, initial = _inputs(1, 90, 2, 4, 3, seed=12, state=True)
+    for chain in ("woodbury", "stepwise"):
+        b = backends.get("torch_chunked", chunk_size=chunk_size, penalty_chain=chain)
+        o, state = b(
+            *[_torch(x) for x in inputs],
+            config=config,
+            initial_state=tuple(_torch(x) for x in initial),
+            start=start,
+        )
+        ref = recurrence(*inputs, config=config, initial_state=initial, start=start)
+        base = recurrence(
+            *inputs, config=config, initial_state=initial, start=start, dtype="float32"
+        )
+        got = _as_numpy(o, state)
+        refs = dict(zip("oSAz", (ref.o, *ref.state), strict=True))
+        bases = dict(zip("oSAz", (base.o, *base.state), strict=True))
+        factor = chunk_factor(chunk_size, dk=4)
+        for name, x in got.items():
+            c = compare(name, x, refs[name], bases[name], "float64", factor=factor)
+            assert c.passed, (chain, name, c.ratio)
+    b = backends.get("torch_chunked", chunk_size=chunk_size, penalty_chain="woodbury")
+    t = [_torch(x, torch.float32) for x in inputs]
+    whole, _ = b(*t, config=config)
+    cut = 33
+    o1, s1 = b(*[x[:, :cut] for x in t], config=config)
+    o2, _ = b(*[x[:, cut:] for x in t], config=config, initial_state=s1, start=cut)
+    joined = torch.cat([o1, o2], dim=1).double().numpy()
+    assert np.max(np.abs(joined - whole.double().numpy())) <= 1e-4 * np.max(np.abs(joined))
+    # Without start the continuation nudges at the wrong steps: the check above can fail.
+    o2_wrong, _ = b(*[x[:, cut:] for x in t], config=config, initial_state=s1)
+    wrong = torch.cat([o1, o2_wrong], dim=1).double().numpy()
+    assert np.max(np.abs(wrong - whole.double().numpy())) > 1e-3 * np.max(np.abs(wrong))
 
 
 def test_chunked_refuses_rls_with_a_reason() -> None:

@@ -95,3 +95,31 @@ def test_float64_stepwise_chain_mutant_is_rejected(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch_chunked, "_penalty_stepwise", _penalty_stepwise_nudging_one_step_late)
     report = validate(backend, **kwargs)
     assert not report.passed, "stepwise penalty-chain mutant not caught"
+
+
+def _nudge_shifts_one_step_late(config, first, C, T, dtype, device):
+    """The chunk's nudge schedule shifted by one step: the nudge after step t + 1 instead of t."""
+    nudged = [first + i <= T and first + i >= 1 and config.nudges_at(first + i) for i in range(C)]
+    if not any(nudged):
+        return None
+    flags = torch.tensor(nudged, dtype=dtype, device=device)
+    after = flags.cumsum(0) * config.nudge_eta
+    return after - flags * config.nudge_eta, after
+
+
+def test_nudge_inside_a_chunk_one_step_late_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paper's period 20 puts nudges inside chunks of 16; the Woodbury chain's shifted form
+    (``A = B + c·I``) with the nudge one step late is caught by ``validate``."""
+    backend = backends.get("torch_chunked", chunk_size=16)
+    kwargs = dict(
+        config=VLAConfig(nudge_period=20, nudge_eta=0.5),
+        array="torch",
+        dtype="float32",
+        max_examples=20,
+        seed=3,
+        bounds=ShapeBounds(max_T=60, min_T=22, max_dk=4, max_dv=4),
+    )
+    assert validate(backend, **kwargs).passed
+    monkeypatch.setattr(torch_chunked, "_nudge_shifts", _nudge_shifts_one_step_late)
+    report = validate(backend, **kwargs)
+    assert not report.passed, "nudge-one-step-late mutant not caught"

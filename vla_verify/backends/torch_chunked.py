@@ -42,8 +42,20 @@ State chain (spec §5, UT/WY form).
 
 Variants: ``vla`` (above), ``delta`` (``Â = K̂``: no penalty chain), ``linear`` (``E = V``,
 ``Â = K``: no solve).  ``rls`` is refused (its rank-2 step needs the inverse of a given initial
-``P``; use the ``torch`` backend).  Nudges are exact only at chunk boundaries, so a nudge period
-that is not a multiple of ``chunk_size`` is refused.
+``P``; use the ``torch`` backend).
+
+Nudges inside a chunk (any ``nudge_period``, any ``start``).  Inside a chunk the penalty is
+carried as ``A_t = B_t + c_t·I``: the Sherman–Morrison downdates act on ``B`` and the nudge
+adds ``nudge_eta`` to the scalar ``c`` (``c_0 = 0``, so ``B_0 = A_0``).  Step t's vector is
+``s_t = A_{t-1} u_t = (A_0 + c_{t-1} I) u_t − Σ_{j<t} s_j (s_jᵀ u_t)/δ_j``, so with
+``Y`` row t ``= ((A_0 + c_{t-1} I) u_t)ᵀ`` and ``L_{tj} = u_tᵀ s_j / δ_j`` it is ``S = L^{-1} Y``;
+``u_tᵀ s_j`` for ``j ≤ t`` is the lower triangle of ``(L D − I) Lᵀ``, which makes
+``lower(I + G) = lower(L D Lᵀ)`` with ``G[t, j] = u_tᵀ (A_0 + c_{j-1} I) u_j``.  So the chain
+is the nudge-free one with ``Y`` shifted row by row and only ``G``'s lower triangle read (the
+Cholesky factorisation and :func:`ldl_clamped` read nothing else), and the gates and the chunk's
+end gain the shift: ``α_t = B_t k̂_t + c_t k̂_t``, ``A_C = B_C + c_C·I``.  The nudge clock is
+global (spec §2.3): step t of the call is global step ``start + t``.  Without nudges in the
+call the prefix chain below runs; otherwise the chain runs chunk after chunk.
 
 Zero padding of the last chunk is exact: a zero token has ``k̂ = 0`` (so ``α = 0`` and nothing is
 written) and ``u = 0`` (so ``w = 0``); padded outputs are dropped.
@@ -99,7 +111,7 @@ import torch
 
 from ..errors import UnsupportedConfigurationError
 from ..spec import FLOAT_DTYPES, Shapes, VLAConfig
-from .registry import Backend, Capabilities, refuse_shifted_clock
+from .registry import Backend, Capabilities
 from .torch_sequential import check_tensors, penalty_step, work_dtype
 
 __all__ = ["CHUNK_SIZES", "PENALTY_CHAINS", "TorchChunkedBackend", "chunked", "ldl_clamped"]
@@ -247,7 +259,12 @@ def _ldl(M: Tensor, floor: float) -> tuple[Tensor, Tensor]:
 
 
 def _gates(
-    A0: Tensor, U: Tensor, K_hat: Tensor, floor: float, clamp: bool = True
+    A0: Tensor,
+    U: Tensor,
+    K_hat: Tensor,
+    floor: float,
+    clamp: bool = True,
+    shift: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """The Woodbury/LDLᵀ gates of a batch of chunks (spec §5 penalty chain).
 
@@ -260,10 +277,18 @@ def _gates(
     gives ``W = W_s = R^{-1} Y`` (rows ``w_jᵀ / √d_j``): no division by the pivots and no
     unit-diagonal ``L``.  Otherwise the clamped LDLᵀ (:func:`ldl_clamped`) takes over, or, with
     ``clamp=False``, ``None`` is returned.
+
+    ``shift`` ``[C]`` (nudges inside the chunk, module docstring "Nudges inside a chunk"): the
+    isotropic shift ``c_{t-1}`` that step ``t``'s Sherman–Morrison update sees, ``A_{t-1} = B_{t-1}
+    + c_{t-1}·I``.  Then ``Y`` row t is ``((A_0 + c_{t-1} I) u_t)ᵀ``, ``G[t, j] = u_tᵀ (A_0 +
+    c_{j-1} I) u_j`` for ``j ≤ t`` (only that triangle is read), and the returned ``α`` and
+    ``W``, ``W_s`` are those of ``B``: the caller adds ``c_t·k̂_t`` and ``c_C·I``.
     """
     # Y and G are formed transposed, so that they are column-major: LAPACK reads and writes
     # column-major matrices, and a row-major argument costs a transposing copy per call.
     Y = _bmm(A0, U.mT, "Yt").mT  # row t: (A_0 u_t)ᵀ
+    if shift is not None:  # row t: ((A_0 + c_{t-1} I) u_t)ᵀ, a new (row-major) tensor
+        Y = Y + shift.to(Y.dtype).unsqueeze(-1) * U
     KA = _bmm(K_hat, A0.mT, "KA")  # row t: (A_0 k̂_t)ᵀ
     G = _bmm(Y, U.mT, "Gt").mT  # G[t, j] = u_tᵀ A_0 u_j
     if G.requires_grad:
@@ -280,7 +305,7 @@ def _gates(
     r = R.diagonal(dim1=-2, dim2=-1)
     d = r * r
     if bool((info == 0).all()) and bool((d >= floor).all()):
-        W = _solve_lower(R, Y, overwrite=True)  # rows w_jᵀ / √d_j
+        W = _solve_lower(R, Y, overwrite=shift is None)  # rows w_jᵀ / √d_j
         W_s = W
     elif not clamp:
         return None
@@ -299,14 +324,21 @@ def _gates(
 
 
 def _penalty_chunk(
-    A0: Tensor, U: Tensor, K_hat: Tensor, floor: float
+    A0: Tensor, U: Tensor, K_hat: Tensor, floor: float, shift: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gates and chunk-end ``A`` of one chunk (or a batch of chunks), spec §5 penalty chain.
 
     ``A0`` ``[..., dk, dk]``; ``U``, ``K_hat`` ``[..., C, dk]``.  Returns the un-normalised gates
     ``α`` ``[..., C, dk]`` (row t is ``(A_t k̂_t)ᵀ``, without the nudge), ``A_C`` ``[..., dk, dk]``
-    and the pivots ``d`` ``[..., C]`` (:func:`_gates`).
+    and the pivots ``d`` ``[..., C]`` (:func:`_gates`).  With ``shift`` (the isotropic shift
+    ``c_{t-1}`` before each step, :func:`_nudge_shifts`), ``α`` and ``A_C`` are those of ``B``
+    in ``A = B + c·I``: the caller adds the shift after each step.
     """
+    if shift is not None:
+        result = _gates(A0, U, K_hat, floor, shift=shift)
+        assert result is not None
+        alpha, W, W_s, d = result
+        return alpha, A0 - W.mT @ W_s, d
     result = _gates(A0, U, K_hat, floor)
     assert result is not None  # clamp=True always gives gates
     alpha, W, W_s, d = result
@@ -455,14 +487,35 @@ def _gate(alpha: Tensor, config: VLAConfig, work: torch.dtype, out: Tensor | str
     return alpha.to(work) if out is None else out.copy_(alpha)
 
 
+def _nudge_shifts(
+    config: VLAConfig, first: int, C: int, T: int, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor] | None:
+    """The isotropic shift of one chunk (module docstring, "Nudges inside a chunk").
+
+    The chunk's local steps ``i = 0..C-1`` are the global steps ``first + i + 1`` (1-based, the
+    call's ``start`` included); a step is nudged when :meth:`VLAConfig.nudges_at` says so and it
+    lies inside the call (``first + i + 1 ≤ T``, ``T`` counted from global step 0 too).  Returns
+    ``(before, after)`` ``[C]``: ``c_{i-1}`` and ``c_i``, ``nudge_eta`` times the nudges up to
+    and excluding / including step ``i``; ``None`` when the chunk holds no nudge.
+    """
+    nudged = [first + i + 1 <= T and config.nudges_at(first + i + 1) for i in range(C)]
+    if not any(nudged):
+        return None
+    after = torch.tensor(nudged, dtype=dtype, device=device).cumsum(0) * config.nudge_eta
+    before = after - torch.tensor(nudged, dtype=dtype, device=device) * config.nudge_eta
+    return before, after
+
+
 def _penalty_serial(
-    A0: Tensor, U: Tensor, K_hat: Tensor, config: VLAConfig, T: int
+    A0: Tensor, U: Tensor, K_hat: Tensor, config: VLAConfig, T: int, start: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """The penalty chain chunk after chunk from any ``A_0``, nudging at chunk ends.
+    """The penalty chain chunk after chunk from any ``A_0``, nudges anywhere.
 
     ``A0`` ``[B, H, dk, dk]``; ``U``, ``K_hat`` ``[B, H, NC, C, dk]``; ``T`` the unpadded length
-    (a nudge fires after global step ``e`` when ``e % nudge_period == 0`` and ``e ≤ T``).
-    Returns ``α`` ``[B, H, NC, C, dk]`` and the final ``A``.
+    and ``start`` the tokens consumed before the call (a nudge fires after step ``t`` of the call
+    when ``(start + t) % nudge_period == 0`` and ``t ≤ T``, spec §2.3).  A chunk with nudges
+    runs on the shifted form ``A = B + c·I`` (:func:`_nudge_shifts`).  Returns ``α``
+    ``[B, H, NC, C, dk]`` and the final ``A``.
     """
     NC, C = U.shape[2], U.shape[3]
     A = A0
@@ -471,15 +524,18 @@ def _penalty_serial(
     active, _WORKSPACE.active = _WORKSPACE.active, False
     try:
         for c in range(NC):
-            alpha, A, _ = _penalty_chunk(A, U[:, :, c], K_hat[:, :, c], config.sm_floor)
-            end = (c + 1) * C
-            if end <= T and config.nudges_at(end):
+            shifts = _nudge_shifts(config, start + c * C, C, start + T, A.dtype, A.device)
+            if shifts is None:
+                alpha, A, _ = _penalty_chunk(A, U[:, :, c], K_hat[:, :, c], config.sm_floor)
+            else:
+                before, after = shifts
+                alpha, A, _ = _penalty_chunk(
+                    A, U[:, :, c], K_hat[:, :, c], config.sm_floor, shift=before
+                )
+                # A_t = B_t + c_t·I: the gate reads the updated A_t, the chunk ends at c_C.
+                alpha = alpha + after.unsqueeze(-1) * K_hat[:, :, c]
                 eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-                A = A + config.nudge_eta * eye
-                # The last token of the chunk reads the nudged A (α_t uses the updated A_t).
-                last = torch.zeros(C, 1, dtype=A.dtype, device=A.device)
-                last[-1] = config.nudge_eta
-                alpha = alpha + last * K_hat[:, :, c]
+                A = A + after[-1] * eye
             gates.append(alpha)
     finally:
         _WORKSPACE.active = active
@@ -487,14 +543,15 @@ def _penalty_serial(
 
 
 def _penalty_stepwise(
-    A0: Tensor, U: Tensor, K_hat: Tensor, config: VLAConfig, T: int
+    A0: Tensor, U: Tensor, K_hat: Tensor, config: VLAConfig, T: int, start: int = 0
 ) -> tuple[Tensor, Tensor]:
     """The penalty chain as spec §2.3 writes it, token by token (batched over B and H).
 
     For float64 inputs (module docstring, "Precision"): the Woodbury form's rounding error is at
     the scale of the chunk-start ``A``, and float64 has no wider dtype to hide it in.  ``A0``
-    ``[B, H, dk, dk]``; ``U``, ``K_hat`` ``[B, H, NC, C, dk]`` (zero-padded past ``T``).
-    Returns ``α`` ``[B, H, NC, C, dk]`` (zero on padding) and the final ``A``.
+    ``[B, H, dk, dk]``; ``U``, ``K_hat`` ``[B, H, NC, C, dk]`` (zero-padded past ``T``);
+    ``start`` the tokens consumed before the call (spec §2.3).  Returns ``α``
+    ``[B, H, NC, C, dk]`` (zero on padding) and the final ``A``.
     """
     B, H, NC, C, dk = U.shape
     u = U.reshape(B, H, NC * C, dk)
@@ -503,7 +560,7 @@ def _penalty_stepwise(
     A = A0
     gates = []
     for t in range(T):
-        A = penalty_step(A, u[:, :, t], t, config, eye)
+        A = penalty_step(A, u[:, :, t], start + t, config, eye)
         gates.append((A @ kh[:, :, t, :, None]).squeeze(-1))  # α_t from the updated A_t
     alpha = torch.stack(gates, dim=2)
     alpha = torch.nn.functional.pad(alpha, (0, 0, 0, NC * C - T))
@@ -642,14 +699,15 @@ def chunked(
     initial_state: State | None = None,
     chunk_size: int = 64,
     penalty_chain: str = "auto",
+    start: int = 0,
 ) -> tuple[Tensor, State]:
     """VLA by the exact chunked forms of spec §5 (module docstring).
 
     Parameters
     ----------
     q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` — one float dtype, one device.
-    config : :class:`~vla_verify.spec.VLAConfig`; ``nudge_period`` must be None or a multiple of
-        ``chunk_size`` (not checked here: :meth:`TorchChunkedBackend.check_support` does).
+    config : :class:`~vla_verify.spec.VLAConfig`; any ``nudge_period`` (nudges inside a chunk
+        run on the shifted form, module docstring).
     variant : ``"vla"`` | ``"delta"`` | ``"linear"``.
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or None for
         ``(0, I/lambda0, 0)``.  ``delta`` and ``linear`` carry ``A`` through unchanged.
@@ -657,6 +715,7 @@ def chunked(
     penalty_chain : ``"woodbury"`` (spec §5, in float64), ``"stepwise"`` (spec §2.3 token by
         token, in the working precision) or ``"auto"``: stepwise for float64 inputs, Woodbury
         otherwise (module docstring, "Precision").
+    start : the tokens consumed before the call (spec §2.3: the nudge clock continues).
 
     Returns
     -------
@@ -668,7 +727,9 @@ def chunked(
     active = _WORKSPACE.active
     _WORKSPACE.active = q.device.type == "cpu" and not grad
     try:
-        return _chunked(q, k, v, u, config, variant, initial_state, chunk_size, penalty_chain)
+        return _chunked(
+            q, k, v, u, config, variant, initial_state, chunk_size, penalty_chain, start
+        )
     finally:
         _WORKSPACE.active = active
 
@@ -683,6 +744,7 @@ def _chunked(
     initial_state: State | None,
     C: int,
     penalty_chain: str = "auto",
+    start: int = 0,
 ) -> tuple[Tensor, State]:
     B, T, H, dk = q.shape
     dv = v.shape[-1]
@@ -708,21 +770,17 @@ def _chunked(
             penalty_chain = "stepwise" if work == f64 else "woodbury"
         prefix = None
         stepwise = penalty_chain == "stepwise"
-        if (
-            not stepwise
-            and initial_state is None
-            and not any(config.nudges_at(t) for t in _chunk_ends(T, C))
-        ):
+        if not stepwise and initial_state is None and not _nudges_within(config, start, T):
             prefix = _gates_prefix(Uc, Kc, config, work)  # k̂ converted step by step
         if prefix is not None:
             gate, A_final = prefix
         else:
             Kc64 = Kc if work == f64 else _to_chunks_like(Kc, "K64", f64)
             if stepwise:
-                alpha, A_final = _penalty_stepwise(A0.double(), Uc, Kc64, config, T)
+                alpha, A_final = _penalty_stepwise(A0.double(), Uc, Kc64, config, T, start)
                 gate = _gate(alpha, config, work, None)
             else:
-                alpha, A_final = _penalty_serial(A0.double(), Uc, Kc64, config, T)
+                alpha, A_final = _penalty_serial(A0.double(), Uc, Kc64, config, T, start)
                 gate = _gate(alpha, config, work, "gate")
         reads, S = _state_chain(S0, Kc, gate, Vc, Qc)
         A_final = A_final.to(work)
@@ -761,9 +819,10 @@ def _to_chunks_like(x: Tensor, name: str, dtype: torch.dtype) -> Tensor:
     return x.to(dtype) if out is None else out.copy_(x)
 
 
-def _chunk_ends(T: int, C: int) -> range:
-    """Global steps that end a full chunk (where a nudge may fire)."""
-    return range(C, T + 1, C)
+def _nudges_within(config: VLAConfig, start: int, T: int) -> bool:
+    """Whether a nudge fires at some global step ``start + 1 … start + T`` (spec §2.3)."""
+    period = config.nudge_period
+    return period is not None and (start + T) // period > start // period
 
 
 class TorchChunkedBackend(Backend):
@@ -771,7 +830,7 @@ class TorchChunkedBackend(Backend):
 
     Options ``chunk_size`` (16, 32 or 64; default 64) and ``penalty_chain`` (``auto``,
     ``woodbury``, ``stepwise``; see :func:`chunked`).  Variants ``vla``, ``delta``, ``linear``;
-    ``nudge_period`` None or a multiple of ``chunk_size``.  float64/float32/bfloat16/float16
+    any ``nudge_period`` and any ``start`` (spec §2.3).  float64/float32/bfloat16/float16
     tensors on ``cpu`` or ``cuda``; returns ``(o, (S, A, z))`` in the inputs' dtype and device.
     """
 
@@ -808,16 +867,6 @@ class TorchChunkedBackend(Backend):
     def chunk_size(self) -> int:
         return int(self.options["chunk_size"])
 
-    def _nudge_reason(self, config: VLAConfig) -> str | None:
-        period = config.nudge_period
-        if period is not None and period % self.chunk_size:
-            return (
-                f"nudge_period={period} is not a multiple of chunk_size={self.chunk_size}: "
-                "the chunked form is exact only with nudges at chunk boundaries (spec §5); use "
-                "a nudge_period that is a multiple of the chunk size, None, or the 'torch' backend"
-            )
-        return None
-
     def check_support(
         self,
         config: VLAConfig,
@@ -828,23 +877,17 @@ class TorchChunkedBackend(Backend):
         variant: str | None = None,
     ) -> str | None:
         reason = super().check_support(config, shapes, dtype, device, variant=variant)
-        if reason is not None:
-            if (variant or self.variant) == "rls":
-                reason += (
-                    "; rls has a rank-2 step whose chunked form needs the inverse of a given "
-                    "initial P: use the 'torch' backend"
-                )
-            return reason
-        return self._nudge_reason(config)
+        if reason is not None and (variant or self.variant) == "rls":
+            reason += (
+                "; rls has a rank-2 step whose chunked form needs the inverse of a given "
+                "initial P: use the 'torch' backend"
+            )
+        return reason
 
     def _precheck(self, q, k, v, u, initial_state, config):  # type: ignore[no-untyped-def]
         check_tensors(self.name, self.capabilities, q, k, v, u, initial_state)
-        reason = self._nudge_reason(config)
-        if reason is not None:
-            raise UnsupportedConfigurationError(self.name, reason, argument="config.nudge_period")
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
-        refuse_shifted_clock(self.name, config, start)
         o, state = chunked(
             q,
             k,
@@ -855,5 +898,6 @@ class TorchChunkedBackend(Backend):
             initial_state=initial_state,
             chunk_size=self.chunk_size,
             penalty_chain=str(self.options["penalty_chain"]),
+            start=start,
         )
         return o.to(q.dtype), tuple(x.to(q.dtype) for x in state)

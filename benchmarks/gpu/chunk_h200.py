@@ -1,0 +1,533 @@
+"""The chunked kernel on the H200: correctness first, then medians side by side (chunk.json).
+
+Correctness: ``validate`` of the registry backend ``triton_chunked`` in bf16 and fp32 for the
+paper and exact presets at dk up to 64 and 128; a long sequence against the float64 oracle
+(T = 16384 and 65536, a few heads); the penalty chain in float64 and float32 against the
+oracle on the ``concentrated`` penalties of the strategies; gradients against torch_chunked in
+float64.  Then ``triton.testing.do_bench`` medians, B = 1, H = 16, bf16, paper preset, D = 64
+and 128, T ∈ {1k, 4k, 16k, 64k}: ``vla_triton_chunked``, ``vla_triton_fused``,
+``fla_chunk_delta``, ``fla_chunk_dplr``, ``sdpa`` (records as in ``fused.json``); the kernel
+breakdown of the chunked forward (torch.profiler); penalty-chain variants; the overhead of
+:func:`vla_verify.ops.vla` at T = 1024.
+
+Usage: ``python benchmarks/gpu/chunk_h200.py --out DIR --commit SHA [--quick]``;
+``TRITON_INTERPRET=1 python benchmarks/gpu/chunk_h200.py --out DIR --smoke`` runs every step on
+the CPU at toy sizes (a test of the script, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+#: Sizes of each step; ``--smoke`` replaces them with toy ones on the CPU.
+RUN: dict[str, Any] = {
+    "device": "cuda",
+    "smoke": False,
+    "validate_dks": (64, 128),
+    "validate_T": 200,
+    "long_Ts": (16384, 65536),
+    "long_dk": 64,
+    "penalty_shape": (1, 256, 4, 64),
+    "grad_shape": (1, 200, 2, 64),
+    "grid_Ds": (64, 128),
+    "grid_Ts": (1024, 4096, 16384, 65536),
+    "grid_H": 16,
+    "variant_T": 4096,
+    "overhead_T": 1024,
+}
+SMOKE = {
+    "device": "cpu",
+    "smoke": True,
+    "validate_dks": (8,),
+    "validate_T": 30,
+    "long_Ts": (150,),
+    "long_dk": 8,
+    "penalty_shape": (1, 40, 2, 8),
+    "grad_shape": (1, 20, 1, 8),
+    "grid_Ds": (16,),
+    "grid_Ts": (64,),
+    "grid_H": 2,
+    "variant_T": 64,
+    "overhead_T": 64,
+}
+
+
+def _log(*a: Any) -> None:
+    print(*a, flush=True)
+
+
+def correctness(out: dict[str, Any], quick: bool) -> None:
+    import numpy as np
+    import torch
+
+    from vla_verify import VLAConfig, backends, validate
+    from vla_verify.backends.numpy_oracle import recurrence
+    from vla_verify.backends.torch_chunked import chunked
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _inputs
+    from vla_verify.error_model import compare
+    from vla_verify.properties.strategies import ShapeBounds, make_penalties
+
+    res = out["correctness"]
+    be = backends.get("triton_chunked")
+    plan = [
+        (dtype, name, config, dk)
+        for dtype in ("bfloat16", "float32")
+        for name, config in (("paper", VLAConfig()), ("exact", VLAConfig.exact()))
+        for dk in RUN["validate_dks"]
+    ]
+    if quick:  # the paper preset at both widths in both dtypes, the exact one in fp32 at 128
+        plan = [p for p in plan if p[1] == "paper" or (p[0] == "float32" and p[3] == max(
+            RUN["validate_dks"]))]  # fmt: skip
+    for dtype, name, config, dk in plan:
+        t0 = time.time()
+        try:
+            rep = validate(
+                be, config=config, array="torch", dtype=dtype, device=RUN["device"],
+                max_examples=1 if RUN["smoke"] else 2 if quick else 6, seed=dk,
+                bounds=ShapeBounds(
+                    max_B=1, max_H=2, max_T=RUN["validate_T"], max_dk=dk, max_dv=dk
+                ),
+            )  # fmt: skip
+            res[f"validate_{dtype}_{name}_dk{dk}"] = {
+                "passed": rep.passed, "examples": rep.examples,
+                "worst_ratio": rep.worst_ratio, "seconds": round(time.time() - t0, 1),
+                "summary": rep.summary() if not rep.passed else "",
+            }  # fmt: skip
+        except Exception as exc:
+            res[f"validate_{dtype}_{name}_dk{dk}"] = {"error": repr(exc)}
+        _log("validate", dtype, name, dk, res[f"validate_{dtype}_{name}_dk{dk}"])
+
+    def long_check(T: int, dk: int, H: int, penalty_dtype: str = "float64") -> dict[str, Any]:
+        x = _inputs(1, T, H, dk, torch.float32, RUN["device"], seed=T)
+        args = [x[n] for n in "qkvu"]
+        cfg = VLAConfig()
+        o, st = chunked_vla(*args, config=cfg, penalty_dtype=penalty_dtype)
+        seen = [a.double().cpu().numpy() for a in args]
+        ref = recurrence(*seen, config=cfg)
+        base = recurrence(*seen, config=cfg, dtype="float32")
+        got = dict(zip("oSAz", (o, *st), strict=True))
+        refs = dict(zip("oSAz", (ref.o, *ref.state), strict=True))
+        bases = dict(zip("oSAz", (base.o, *base.state), strict=True))
+        r: dict[str, Any] = {}
+        for key, val in got.items():
+            scale = 1 / cfg.lambda0 if key == "A" else None
+            c = compare(
+                key, val.double().cpu().numpy(), refs[key], bases[key], "float32",
+                terms=dk + 64, scale=None if scale is None else np.full((1, H), scale),
+            )  # fmt: skip
+            r[key] = {"ratio": c.ratio, "max_err": float(np.max(c.error))}
+        r["passed"] = all(v["ratio"] <= 1 for v in r.values() if isinstance(v, dict))
+        return r
+
+    for T in RUN["long_Ts"][:1] if quick else RUN["long_Ts"]:
+        t0 = time.time()
+        key = f"long_T{T}_dk{RUN['long_dk']}_H2"
+        try:
+            res[key] = long_check(T, RUN["long_dk"], 2)
+        except Exception as exc:
+            res[key] = {"error": repr(exc), "tb": traceback.format_exc()}
+        res[key]["seconds"] = round(time.time() - t0, 1)
+        _log("long", T, res[key])
+
+    # The penalty chain's precision on concentrated penalties (strategies), T = 256, dk = 64.
+    rng = np.random.default_rng(0)
+    for regime in ("concentrated", "gaussian", "layer"):
+        B, T, H, dk = RUN["penalty_shape"]
+        k_raw = rng.standard_normal((B, T, H, dk))
+        u = make_penalties(rng, regime, (B, T, H, dk), k_raw)
+        q = np.exp(0.5 * rng.standard_normal((B, T, H, dk)))
+        k = np.exp(0.5 * k_raw)
+        v = rng.standard_normal((B, T, H, dk))
+        cfg = VLAConfig()
+        t = [torch.tensor(a, dtype=torch.float32, device=RUN["device"]) for a in (q, k, v, u)]
+        seen = [a.double().cpu().numpy() for a in t]
+        ref = recurrence(*seen, config=cfg)
+        base = recurrence(*seen, config=cfg, dtype="float32")
+        for pd in ("float64", "float32"):
+            try:
+                o, st = chunked_vla(*t, config=cfg, penalty_dtype=pd)
+                entry = {}
+                for key, val, r, b in (
+                    ("o", o, ref.o, base.o),
+                    ("A", st[1], ref.state[1], base.state[1]),
+                    ("S", st[0], ref.state[0], base.state[0]),
+                ):
+                    c = compare(
+                        key,
+                        val.double().cpu().numpy(),
+                        r,
+                        b,
+                        "float32",
+                        terms=dk + 64,
+                        scale=np.full((B, H), 1 / cfg.lambda0) if key == "A" else None,
+                    )
+                    entry[key] = c.ratio
+                res[f"penalty_{pd}_{regime}"] = entry
+            except Exception as exc:
+                res[f"penalty_{pd}_{regime}"] = {"error": repr(exc)}
+            _log("penalty", pd, regime, res[f"penalty_{pd}_{regime}"])
+
+    # Gradients (the backward recomputes through torch_chunked) against torch_chunked float64.
+    try:
+        B, T, H, dk = RUN["grad_shape"]
+        x = _inputs(B, T, H, dk, torch.float32, RUN["device"], seed=1)
+        cfg = VLAConfig()
+
+        def grads(fn: Any, dtype: Any) -> list[Any]:
+            xs = [x[n].to(dtype).detach().requires_grad_(True) for n in "qkvu"]
+            o, (S, A, _) = fn(*xs)
+            ((o * o).sum() + S.sum() + A.sum()).backward()
+            return [a.grad.double() for a in xs]
+
+        ref = grads(lambda *a: chunked(*a, config=cfg, penalty_chain="woodbury"), torch.float64)
+        base = grads(lambda *a: chunked(*a, config=cfg), torch.float32)
+        got = grads(lambda *a: chunked_vla(*a, config=cfg), torch.float32)
+        ratios = {}
+        for n, g, r, b in zip("qkvu", got, ref, base, strict=True):
+            budget = 2 * float((b - r).abs().max()) + 2 * 66 * 6e-8 * float(r.abs().max())
+            ratios[n] = float((g - r).abs().max()) / budget
+        res["grad"] = {"shape": [B, T, H, dk], "ratio": ratios, "passed": max(ratios.values()) <= 1}
+    except Exception as exc:
+        res["grad"] = {"error": repr(exc)}
+    _log("grad", res["grad"])
+
+
+def _penalty_dtype(x: dict[str, Any], cfg: Any) -> str:
+    """The penalty chain's precision this run times: float64 (the default) if its kernel builds
+    here, else float32 (recorded with each record: the float64 kernel once failed to compile
+    on the H200 with Triton 3.6)."""
+    from vla_verify.backends.triton_chunked import chunked_vla
+
+    key = ("penalty_dtype", x["q"].shape[-1])
+    if key not in RUN:
+        try:
+            chunked_vla(*(x[n] for n in "qkvu"), config=cfg)
+            RUN[key] = "float64"
+        except Exception as exc:
+            _log("float64 penalty chain failed, timing float32:", repr(exc)[:300])
+            RUN[key] = "float32"
+    return str(RUN[key])
+
+
+def _grid_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
+    """The forward of every op of the grid on the inputs ``x`` (vla_verify.bench._inputs)."""
+    import torch
+    import torch.nn.functional as F
+
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.backends.triton_fused import fused_recurrent_vla
+
+    q, k, v, u = (x[n] for n in "qkvu")
+    pd = _penalty_dtype(x, cfg)
+    qu, ku = x["q_unit"], x["k_unit"]
+    H = q.shape[2]
+    beta = torch.ones(1, T, H, device=q.device, dtype=q.dtype)
+    gk = torch.zeros(1, T, H, D, device=q.device, dtype=torch.float32)
+    qh, kh, vh = (a.transpose(1, 2).contiguous() for a in (q, k, v))
+    fns: dict[str, Any] = {
+        "vla_triton_chunked": lambda: chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)[0],
+        "vla_triton_fused": lambda: fused_recurrent_vla(q, k, v, u, config=cfg)[0],
+        "sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True),
+    }
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+    except Exception as exc:  # fla missing on the machine: those rows are absent
+        _log("fla missing", exc)
+        return fns
+    fns["fla_chunk_delta"] = lambda: chunk_delta_rule(qu, ku, v, beta, scale=1.0)[0]
+    fns["fla_chunk_dplr"] = lambda: chunk_dplr_delta_rule(qu, ku, v, -ku, ku, gk, scale=1.0)[0]
+    return fns
+
+
+def _variant(x: dict[str, Any], cfg: Any, pc: int, pd: str) -> Any:
+    from vla_verify.backends.triton_chunked import chunked_vla
+
+    q, k, v, u = (x[n] for n in "qkvu")
+    return lambda: chunked_vla(q, k, v, u, config=cfg, penalty_chunk=pc, penalty_dtype=pd)[0]
+
+
+def timing(out: dict[str, Any], quick: bool) -> None:
+    import torch
+
+    from vla_verify import VLAConfig, backends, ops
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.backends.triton_fused import fused_recurrent_vla
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    recs = out["records"]
+    Ts = RUN["grid_Ts"][:3] if quick else RUN["grid_Ts"]
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16  # the interpreter's bf16 tl.dot is wrong
+    for D in RUN["grid_Ds"]:
+        for T in Ts:
+            x = _inputs(1, T, H, D, dt, dev)
+            fns = _grid_fns(x, cfg, T, D)
+            for op, fn in fns.items():
+                try:
+                    ms = time_ms(fn, smoke=smoke)
+                except Exception as exc:
+                    _log("timing failed", op, D, T, repr(exc))
+                    continue
+                rec = {"op": op, "B": 1, "T": T, "H": H, "D": D, "dtype": str(dt)[6:],
+                       "mode": "fwd", "median_ms": ms}  # fmt: skip
+                if op == "vla_triton_chunked":
+                    rec["penalty_dtype"] = _penalty_dtype(x, cfg)
+                recs.append(rec)
+                _log(rec)
+                if RUN.get("path"):  # keep what is measured if the run is cut short
+                    RUN["path"].write_text(json.dumps(out, indent=1))
+            del x, fns
+            torch.cuda.empty_cache()
+
+    # Variants of the penalty chain and the kernel breakdown at T = 4096.
+    var = out["variants"]
+    VT = RUN["variant_T"]
+    for D in RUN["grid_Ds"]:
+        x = _inputs(1, VT, H, D, dt, dev)
+        q, k, v, u = (x[n] for n in "qkvu")
+        for pc, pd in ((32, "float32"), (16, "float64"), (64, "float64")):
+            try:
+                ms = time_ms(_variant(x, cfg, pc, pd), smoke=smoke)
+                var.append({"D": D, "T": VT, "penalty_chunk": pc, "penalty_dtype": pd,
+                            "median_ms": ms})  # fmt: skip
+                _log(var[-1])
+            except Exception as exc:
+                _log("variant failed", D, pc, pd, repr(exc))
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            if smoke:
+                raise RuntimeError("no CUDA kernels to profile on the CPU")
+            pd = _penalty_dtype(x, cfg)
+            chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
+                torch.cuda.synchronize()
+            kern = {}
+            for e in prof.key_averages():
+                if e.device_type.name == "CUDA" or "kernel" in e.key:
+                    kern[e.key] = getattr(e, "device_time_total", 0.0) / 5 / 1e3
+            out["breakdown"][f"D{D}_T{VT}_ms"] = kern
+            _log("breakdown", D, kern)
+        except Exception as exc:
+            _log("breakdown failed", repr(exc))
+
+    # The entry point's overhead at T = 1024, D = 64 (it dispatches to the recurrent kernel).
+    OT = RUN["overhead_T"]
+    x = _inputs(1, OT, H, RUN["grid_Ds"][0], dt, dev)
+    q, k, v, u = (x[n] for n in "qkvu")
+    reg = backends.get("triton_fused")
+    ov: dict[str, Any] = {}
+    for name, fn in (
+        ("fused_direct", lambda: fused_recurrent_vla(q, k, v, u, config=cfg)[0]),
+        ("ops_vla", lambda: ops.vla(q, k, v, u, config=cfg)[0]),
+        ("registry_triton_fused", lambda: reg(q, k, v, u, config=cfg)[0]),
+        ("fused_direct_again", lambda: fused_recurrent_vla(q, k, v, u, config=cfg)[0]),
+    ):
+        ov[name] = time_ms(fn, smoke=smoke)
+        # Host time per call (what do_bench's GPU events can hide when the GPU is the bound).
+        reps = 2 if smoke else 50
+        if not smoke:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if not smoke:
+            torch.cuda.synchronize()
+        ov[name + "_wall_ms"] = (time.perf_counter() - t0) / reps * 1e3
+    out["ops_overhead"] = {"T": OT, "D": RUN["grid_Ds"][0], **ov}
+    _log("overhead", ov)
+
+
+def _crossing(a: dict[int, float], b: dict[int, float]) -> float | None:
+    """The T at which op ``a`` becomes faster than op ``b`` (medians by T), interpolated
+    log-linearly between the two measured T around the first sign change; ``None`` if ``a``
+    is never faster, the smallest T if it is faster everywhere."""
+    import math
+
+    Ts = sorted(set(a) & set(b))
+    prev = None
+    for T in Ts:
+        d = math.log(a[T]) - math.log(b[T])
+        if d < 0:
+            if prev is None:
+                return float(T)
+            T0, d0 = prev
+            w = d0 / (d0 - d)
+            return float(math.exp(math.log(T0) + w * (math.log(T) - math.log(T0))))
+        prev = (T, d)
+    return None
+
+
+def analyse(out: dict[str, Any], path: Path) -> None:
+    """Fitted exponents (log ms against log T), the crossovers of the chunked forward with
+    causal SDPA (C9's question) and with the recurrent kernel (``ops.FORWARD_CROSSOVER_T``),
+    and a log-log plot of latency against T."""
+    import numpy as np
+
+    by: dict[tuple[str, int, str], dict[int, float]] = {}
+    for r in out["records"]:
+        by.setdefault((r["op"], r["D"], r["mode"]), {})[r["T"]] = r["median_ms"]
+    fits = {}
+    for (op, D, mode), series in by.items():
+        Ts = sorted(series)
+        if len(Ts) >= 2:
+            slope = np.polyfit(np.log(Ts), np.log([series[T] for T in Ts]), 1)[0]
+            fits[f"{op}_D{D}_{mode}"] = round(float(slope), 3)
+    cross = {}
+    for D in sorted({r["D"] for r in out["records"]}):
+        chunked = by.get(("vla_triton_chunked", D, "fwd"), {})
+        for other in ("sdpa", "vla_triton_fused", "fla_chunk_dplr"):
+            ref = by.get((other, D, "fwd"), {})
+            if chunked and ref:
+                cross[f"fwd_D{D}_chunked_beats_{other}_from_T"] = _crossing(chunked, ref)
+    out["analysis"] = {"exponents": fits, "crossovers": cross}
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        for ax, D in zip(axes, (64, 128), strict=False):
+            for (op, d, mode), series in sorted(by.items()):
+                if d == D and mode == "fwd":
+                    Ts = sorted(series)
+                    ax.loglog(Ts, [series[T] for T in Ts], "o-", label=op)
+            ax.set_title(f"D = {D}, forward, bf16, B = 1, H = 16")
+            ax.set_xlabel("T")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("median ms")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path.with_name("chunk_latency.png"), dpi=120)
+    except Exception as exc:  # a plot is a convenience; the JSON holds the numbers
+        _log("plot failed", repr(exc))
+
+
+def minimal(out: dict[str, Any]) -> None:
+    """A short run: the bf16 kernel against the oracle at T = 4096, then the chunked forward
+    and causal SDPA at D = 64, 128 and T = 4096, 16384, and the chunked forward's kernels."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.numpy_oracle import recurrence
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _inputs, time_ms
+    from vla_verify.error_model import compare
+
+    cfg = VLAConfig()
+    for D in (64, 128):
+        x = _inputs(1, 4096, 2, D, torch.bfloat16, "cuda", seed=D)
+        args = [x[n] for n in "qkvu"]
+        pd = _penalty_dtype(x, cfg)
+        o, _ = chunked_vla(*args, config=cfg, penalty_dtype=pd)
+        seen = [a.double().cpu().numpy() for a in args]
+        ref = recurrence(*seen, config=cfg)
+        base = recurrence(*seen, config=cfg, dtype="bfloat16")
+        c = compare("o", o.double().cpu().numpy(), ref.o, base.o, "bfloat16", terms=D + 64)
+        out["correctness"][f"bf16_T4096_D{D}_H2_o"] = {
+            "ratio": c.ratio,
+            "max_err": float(np.max(c.error)),
+            "passed": c.passed,
+        }
+        _log("check", D, out["correctness"][f"bf16_T4096_D{D}_H2_o"])
+        RUN["path"].write_text(json.dumps(out, indent=1))
+    for D in (64, 128):
+        for T in (4096, 16384):
+            x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+            q, k, v, u = (x[n] for n in "qkvu")
+            pd = _penalty_dtype(x, cfg)
+            qh, kh, vh = (a.transpose(1, 2).contiguous() for a in (q, k, v))
+            fns = {
+                "vla_triton_chunked": lambda q=q, k=k, v=v, u=u, pd=pd: chunked_vla(
+                    q, k, v, u, penalty_dtype=pd
+                )[0],
+                "sdpa": lambda a=qh, b=kh, c=vh: F.scaled_dot_product_attention(
+                    a, b, c, is_causal=True
+                ),
+            }
+            for op, fn in fns.items():
+                rec = {"op": op, "B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16",
+                       "mode": "fwd", "median_ms": time_ms(fn)}  # fmt: skip
+                if op == "vla_triton_chunked":
+                    rec["penalty_dtype"] = pd
+                out["records"].append(rec)
+                _log(rec)
+                RUN["path"].write_text(json.dumps(out, indent=1))
+            if T == 4096:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        chunked_vla(q, k, v, u, penalty_dtype=pd)
+                    torch.cuda.synchronize()
+                kern = {
+                    e.key: getattr(e, "device_time_total", 0.0) / 3 / 1e3
+                    for e in prof.key_averages()
+                    if "kernel" in e.key
+                }
+                out["breakdown"][f"D{D}_T{T}_ms"] = kern
+                _log("breakdown", D, kern)
+                RUN["path"].write_text(json.dumps(out, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
+    ap.add_argument("--minimal", action="store_true", help="a short run (function minimal)")
+    ap.add_argument("--skip-correctness", action="store_true")
+    a = ap.parse_args()
+    if a.smoke:
+        RUN.update(SMOKE)
+    from vla_verify.bench import machine_info
+
+    out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "records": [],
+                           "correctness": {}, "variants": [], "breakdown": {}}  # fmt: skip
+    path = Path(a.out) / "chunk.json"
+    RUN["path"] = path
+    t0 = time.time()
+    if a.minimal:
+        try:
+            minimal(out)
+        except Exception:
+            out["error"] = traceback.format_exc()
+            _log(out["error"])
+        out["seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(out, indent=1))
+        return
+    try:
+        if not a.skip_correctness:
+            correctness(out, a.quick)
+        out["correctness_seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(out, indent=1))
+        timing(out, a.quick)
+        analyse(out, path)
+    except Exception:
+        out["error"] = traceback.format_exc()
+        _log(out["error"])
+    out["seconds"] = round(time.time() - t0, 1)
+    path.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

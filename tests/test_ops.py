@@ -1,0 +1,139 @@
+"""The entry point :func:`vla_verify.ops.vla`: which kernel it picks, what it passes on, and
+that one real call (the chunked kernel under Triton's interpreter) is the recurrence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vla_verify import VLAConfig, ops
+from vla_verify.errors import VLAInputError
+
+torch = pytest.importorskip("torch")
+
+
+class _Recorder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[dict] = []
+
+    def __call__(self, q, k, v, u, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append({"T": q.shape[1], **kwargs})
+        return self.name, kwargs
+
+
+@pytest.fixture()
+def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, _Recorder]:
+    rec = {"chunked": _Recorder("chunked"), "recurrent": _Recorder("recurrent")}
+    monkeypatch.setattr(ops, "_KERNELS", dict(rec))
+    return rec
+
+
+def _x(T: int, grad: bool = False) -> torch.Tensor:
+    return torch.ones(1, T, 1, 4, requires_grad=grad)
+
+
+def test_short_sequences_and_decoding_run_the_recurrent_kernel(kernels) -> None:
+    for T in (1, 16, ops.FORWARD_CROSSOVER_T - 1):
+        name, _ = ops.vla(_x(T), _x(T), _x(T), _x(T))
+        assert name == "recurrent", T
+
+
+def test_long_prefill_runs_the_chunked_kernel(kernels) -> None:
+    T = ops.FORWARD_CROSSOVER_T
+    name, kwargs = ops.vla(_x(T), _x(T), _x(T), _x(T), config=VLAConfig.exact(), start=40)
+    assert name == "chunked"
+    assert kwargs == {"config": VLAConfig.exact(), "initial_state": None, "start": 40}
+
+
+def test_training_follows_the_training_crossover(kernels, monkeypatch) -> None:
+    T = ops.FORWARD_CROSSOVER_T
+    name, _ = ops.vla(_x(T, grad=True), _x(T), _x(T), _x(T))
+    assert name == ("recurrent" if ops.TRAINING_CROSSOVER_T is None else ops.choose(T, True))
+    monkeypatch.setattr(ops, "TRAINING_CROSSOVER_T", 8)
+    name, _ = ops.vla(_x(8), _x(8), _x(8, grad=True), _x(8))
+    assert name == "chunked"
+
+
+def test_start_reaches_the_recurrent_kernel(kernels) -> None:
+    ops.vla(_x(3), _x(3), _x(3), _x(3), start=7)
+    assert kernels["recurrent"].calls[-1]["start"] == 7
+
+
+def test_kernel_can_be_forced_and_a_bad_name_is_refused(kernels) -> None:
+    assert ops.vla(_x(2), _x(2), _x(2), _x(2), kernel="chunked")[0] == "chunked"
+    with pytest.raises(VLAInputError) as info:
+        ops.vla(_x(2), _x(2), _x(2), _x(2), kernel="fastest")
+    assert info.value.argument == "kernel"
+
+
+def test_import_vla_verify_ops_does_not_import_torch_or_triton() -> None:
+    code = "import sys, vla_verify.ops; print('torch' in sys.modules, 'triton' in sys.modules)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.triton
+def test_the_chunked_kernel_through_the_entry_point_is_the_recurrence() -> None:
+    """One real call under the interpreter (a subprocess: TRITON_INTERPRET must be set before
+    Triton is imported), against the float64 oracle."""
+    pytest.importorskip("triton")
+    code = """
+import numpy as np, torch
+from vla_verify import VLAConfig, ops
+from vla_verify.backends.numpy_oracle import recurrence
+from vla_verify.error_model import compare
+rng = np.random.default_rng(0)
+x = [np.exp(0.5 * rng.standard_normal((1, 40, 1, 8))) for _ in range(3)]
+u = rng.standard_normal((1, 40, 1, 8)) / 8
+cfg = VLAConfig(nudge_period=20, nudge_eta=0.5)
+o, _ = ops.vla(*[torch.tensor(a, dtype=torch.float32) for a in (*x, u)], config=cfg,
+               start=3, kernel="chunked")
+seen = [torch.tensor(a, dtype=torch.float32).double().numpy() for a in (*x, u)]
+ref = recurrence(*seen, config=cfg, start=3)
+base = recurrence(*seen, config=cfg, start=3, dtype="float32")
+print(compare("o", o.double().numpy(), ref.o, base.o, "float32", terms=8 + 64).ratio)
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=root
+    )
+    ratio = float(out.stdout.split()[-1])  # error / spec §4 budget (the chunked floor, C = 64)
+    assert np.isfinite(ratio) and ratio <= 1.0
+
+
+def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
+    """``benchmarks/gpu/chunk_h200.py`` computes the crossover T (for C9 and for
+    ``FORWARD_CROSSOVER_T``) from medians: on a linear op against a quadratic one that meet at
+    T = 10⁴ it finds 10⁴ and the exponents 1 and 2; an op never faster has no crossover."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "chunk_h200.py"
+    spec = importlib.util.spec_from_file_location("chunk_h200", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    Ts = (1024, 4096, 16384, 65536)
+    linear = {T: 1e-3 * T for T in Ts}
+    quadratic = {T: 1e-7 * T * T for T in Ts}
+    assert script._crossing(linear, quadratic) == pytest.approx(1e4)
+    assert script._crossing(quadratic, linear) == 1024.0  # faster from the smallest T on
+    assert script._crossing({T: 2 * v for T, v in quadratic.items()}, quadratic) is None
+    records = [
+        {"op": op, "D": 64, "mode": "fwd", "T": T, "median_ms": series[T]}
+        for op, series in (("vla_triton_chunked", linear), ("sdpa", quadratic))
+        for T in Ts
+    ]
+    out = {"records": records}
+    script.analyse(out, tmp_path / "chunk.json")
+    assert out["analysis"]["exponents"] == {"vla_triton_chunked_D64_fwd": 1.0, "sdpa_D64_fwd": 2.0}
+    assert out["analysis"]["crossovers"]["fwd_D64_chunked_beats_sdpa_from_T"] == pytest.approx(1e4)

@@ -1,0 +1,220 @@
+"""The Triton chunked backend ``triton_chunked`` (spec §5) under Triton's CPU interpreter.
+
+Small shapes across chunk boundaries, against the float64 oracle within the spec §4 budget
+(:func:`vla_verify.error_model.compare`, the chunked floor ``terms = dk + C``); planted bugs
+must fall outside it.  The interpreter is slow (a few seconds per call at T ≈ 100), so the
+examples are few and fixed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from vla_verify import VLAConfig, backends  # noqa: E402
+from vla_verify.backends.numpy_oracle import recurrence  # noqa: E402
+from vla_verify.error_model import compare  # noqa: E402
+from vla_verify.errors import NonFiniteError, UnsupportedConfigurationError  # noqa: E402
+
+tc = pytest.importorskip("vla_verify.backends.triton_chunked")
+
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.skipif(tc.availability_reason() is not None, reason=str(tc.availability_reason())),
+]
+
+
+def _inputs(T: int, dk: int, dv: int, H: int = 2, seed: int = 0, state: bool = False):
+    """Layer-like float64 inputs (spec §2.5): positive q, k; ``||u||² = 1/dk``."""
+    rng = np.random.default_rng(seed)
+    q = np.exp(0.5 * rng.standard_normal((1, T, H, dk)))
+    k = np.exp(0.5 * rng.standard_normal((1, T, H, dk)))
+    v = rng.standard_normal((1, T, H, dv))
+    u = rng.standard_normal((1, T, H, dk))
+    u = u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(dk)
+    initial = None
+    if state:
+        G = rng.standard_normal((1, H, dk, dk))
+        A = np.linalg.inv(0.1 * np.eye(dk) + G @ np.swapaxes(G, -1, -2))
+        A = 0.5 * (A + np.swapaxes(A, -1, -2))
+        initial = (rng.standard_normal((1, H, dv, dk)), A, 1 + rng.random((1, H, dk)))
+    return [q, k, v, u], initial
+
+
+def _outside_budget(
+    fn, inputs, initial, config: VLAConfig, start: int, C: int, dtype=torch.float32
+) -> list[str]:
+    """Names of the outputs of ``fn`` outside the spec §4 budget against the float64 oracle
+    (baseline: the oracle in float32, or bfloat16 for bfloat16 inputs)."""
+    name = str(dtype).removeprefix("torch.")
+    t = [torch.tensor(x, dtype=dtype) for x in inputs]
+    state = None if initial is None else tuple(torch.tensor(x, dtype=dtype) for x in initial)
+    o, got_state = fn(*t, config=config, initial_state=state, start=start)
+    # The oracle sees the inputs as the kernel does (rounded to dtype).
+    seen = [x.double().numpy() for x in t]
+    seen_state = None if state is None else tuple(x.double().numpy() for x in state)
+    ref = recurrence(*seen, config=config, initial_state=seen_state, start=start)
+    base = recurrence(*seen, config=config, initial_state=seen_state, start=start, dtype=name)
+    dk = inputs[0].shape[-1]
+    A0_scale = 1 / config.lambda0 if initial is None else np.max(np.abs(initial[1]))
+    bad = []
+    got = dict(zip("oSAz", (o, *got_state), strict=True))
+    refs = dict(zip("oSAz", (ref.o, *ref.state), strict=True))
+    bases = dict(zip("oSAz", (base.o, *base.state), strict=True))
+    for key, x in got.items():
+        scale = None
+        if key == "A":
+            scale = np.maximum(np.max(np.abs(ref.state[1]), axis=(2, 3)), A0_scale)
+        c = compare(key, x.double().numpy(), refs[key], bases[key], name, scale=scale, terms=dk + C)
+        if not c.passed:
+            bad.append(f"{key} ({c.ratio:.2f}x)")
+    return bad
+
+
+PAPER = VLAConfig()
+STRONG_NUDGE = VLAConfig(nudge_period=20, nudge_eta=0.5)
+
+
+@pytest.mark.parametrize(
+    ("T", "dk", "dv", "C", "config", "start"),
+    [
+        (100, 16, 16, 64, PAPER, 0),
+        (100, 32, 8, 32, STRONG_NUDGE, 7),
+        (40, 8, 6, 16, VLAConfig.exact(), 0),
+    ],
+    ids=["paper-T100-C64", "nudge-start7-C32", "exact-T40-C16"],
+)
+def test_chunked_vla_matches_the_oracle(T, dk, dv, C, config, start) -> None:
+    inputs, _ = _inputs(T, dk, dv, seed=T)
+    fn = backends.get("triton_chunked", chunk_size=C)
+    assert _outside_budget(fn, inputs, None, config, start, C) == []
+
+
+def test_chunked_vla_initial_state_and_bfloat16() -> None:
+    inputs, initial = _inputs(40, 8, 8, seed=5, state=True)
+    fn = backends.get("triton_chunked", chunk_size=16)
+    assert _outside_budget(fn, inputs, initial, STRONG_NUDGE, 13, 16) == []
+    assert _outside_budget(fn, inputs, None, PAPER, 0, 16, torch.bfloat16) == []
+
+
+@pytest.mark.parametrize("bug", ["nudge_one_step_late", "read_before_write"])
+def test_planted_bug_is_rejected(bug: str) -> None:
+    """The same check fails each planted bug (so the test above can fail)."""
+    inputs, _ = _inputs(45, 8, 6, seed=9)
+
+    def planted(*args, **kwargs):
+        return tc.chunked_vla(*args, chunk_size=16, planted_bug=bug, **kwargs)
+
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) != []
+
+
+def test_gradients_match_torch_chunked_in_float64() -> None:
+    """The backward recomputes through torch_chunked (module docstring, "Gradients"): the
+    float32 gradients are within the spec §4 budget of torch_chunked's float64 ones (the
+    baseline: torch_chunked's own float32 gradients)."""
+    inputs, initial = _inputs(20, 4, 3, seed=3, state=True)
+    from vla_verify.backends.torch_chunked import chunked
+
+    def grads(fn, dtype):
+        xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (*inputs, *initial)]
+        o, (S, A, z) = fn(*xs[:4], initial_state=tuple(xs[4:]))
+        loss = (o * o).sum() + S.sum() + A.sum() + z.sum()
+        loss.backward()
+        return [x.grad.double().numpy() for x in xs]
+
+    def torch_fn(*a, initial_state):
+        return chunked(
+            *a, config=STRONG_NUDGE, initial_state=initial_state, chunk_size=16,
+            penalty_chain="woodbury", start=5,
+        )  # fmt: skip
+
+    def triton_fn(*a, initial_state):
+        return tc.chunked_vla(
+            *a, config=STRONG_NUDGE, initial_state=initial_state, chunk_size=16, start=5
+        )
+
+    ref = grads(torch_fn, torch.float64)
+    base = grads(torch_fn, torch.float32)
+    got = grads(triton_fn, torch.float32)
+    u32 = float(np.finfo(np.float32).eps) / 2
+    for g, r, b in zip(got, ref, base, strict=True):
+        budget = 2.0 * np.max(np.abs(b - r)) + 2 * (4 + 16 + 2) * u32 * np.max(np.abs(r))
+        assert np.max(np.abs(g - r)) <= budget
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(UnsupportedConfigurationError) as info:
+        backends.get("triton_chunked", chunk_size=48)
+    assert info.value.argument == "chunk_size"
+    x = torch.ones(1, 4, 1, 4)
+    with pytest.raises(UnsupportedConfigurationError) as info:
+        tc.chunked_vla(x, x, x, x, input_precision="fast")
+    assert info.value.argument == "input_precision"
+    bad = x.clone()
+    bad[0, 2, 0, 1] = float("nan")
+    with pytest.raises(NonFiniteError) as info:
+        tc.chunked_vla(x, bad, x, x, check_finite=True)
+    assert info.value.argument == "k"
+
+
+def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> None:
+    """Why the penalty chain runs in float64 by default (``docs/design/triton_chunked.md``):
+    the Woodbury form re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that
+    scale, so on strong penalties (the ``gaussian`` regime, ``||u|| ≈ 4``) a float32 chain puts
+    ``S`` outside the spec §4 budget where the float64 chain is well inside it."""
+    from vla_verify.properties.strategies import make_penalties
+
+    rng = np.random.default_rng(0)
+    B, T, H, dk = 1, 64, 1, 16
+    k_raw = rng.standard_normal((B, T, H, dk))
+    u = make_penalties(rng, "gaussian", (B, T, H, dk), k_raw)
+    inputs = [
+        np.exp(0.5 * rng.standard_normal((B, T, H, dk))),
+        np.exp(0.5 * k_raw),
+        rng.standard_normal((B, T, H, dk)),
+        u,
+    ]
+
+    def with_chain(penalty_dtype: str):
+        def fn(*args, **kwargs):
+            return tc.chunked_vla(*args, chunk_size=32, penalty_dtype=penalty_dtype, **kwargs)
+
+        return fn
+
+    assert _outside_budget(with_chain("float64"), inputs, None, PAPER, 0, 32) == []
+    bad = _outside_budget(with_chain("float32"), inputs, None, PAPER, 0, 32)
+    assert any(name.startswith("S") for name in bad), bad
+
+
+def test_registry_backend_passes_validate() -> None:
+    """``validate`` (budget, state carry, the chunked floor from the ``chunk_size`` option) on a
+    few drawn examples of the paper preset, nudges inside chunks of 16."""
+    from vla_verify import validate
+    from vla_verify.properties.strategies import ShapeBounds
+
+    report = validate(
+        backends.get("triton_chunked", chunk_size=16),
+        config=PAPER,
+        array="torch",
+        dtype="float32",
+        max_examples=2,
+        seed=1,
+        bounds=ShapeBounds(max_B=1, max_H=2, max_T=45, min_T=21, max_dk=8, max_dv=8),
+    )
+    assert report.passed, report.summary()
+    assert report.chunk_size == 16
+
+
+def test_check_support_says_what_cannot_run() -> None:
+    b = backends.get("triton_chunked")
+    shapes = backends.registry.Shapes(1, 8, 1, 4, 4)
+    assert b.check_support(PAPER, shapes, "float32") is None
+    reason = b.check_support(PAPER, shapes, "float64")
+    assert reason is not None and "torch_chunked" in reason
+    assert b.check_support(PAPER, backends.registry.Shapes(1, 8, 1, 256, 4), "float32")

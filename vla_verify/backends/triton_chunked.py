@@ -1,0 +1,430 @@
+"""Registry backend ``triton_chunked``: VLA by the chunked forms of spec §5 on tensor cores.
+
+- :func:`chunked_vla` — the functional API: ``(o, (S, A, z))`` from ``q, k, u`` ``[B, T, H, dk]``
+  and ``v`` ``[B, T, H, dv]`` (spec §1 layouts), differentiable through
+  :class:`ChunkedVLAFunction`.
+- :class:`TritonChunkedBackend` — the same as a spec §4 callable in the registry, with the
+  option ``chunk_size`` (so :func:`vla_verify.validate` uses the chunked floor of
+  :mod:`vla_verify.error_model`).
+
+The forward is three Triton launches (:mod:`.triton_chunked_kernels`): the inter-chunk penalty
+chain (Woodbury/LDLᵀ per chunk of ``penalty_chunk`` tokens, nudges inside a chunk through the
+isotropic shift ``A = B + c·I``), the per-chunk UT transform of the state chain, and the
+inter-chunk state recurrence with the read-out.  Every nudge period and every ``start`` runs
+exactly (spec §2.3: the nudge fires after step t of the call when ``(start + t) % nudge_period
+== 0``).
+
+Precision.  Inputs are float32, bfloat16 or float16; the state chain accumulates in float32,
+with bf16/fp16 operands (and tf32 for its float32 products) for 16-bit inputs and, for float32
+inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa
+operands).  The penalty chain runs in ``penalty_dtype``: float64 by default, since a float32
+Woodbury chain re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale,
+which was measured outside the spec §4 budget on strong penalties (``docs/design/
+triton_chunked.md``); float32 stays available for layer-like penalties.  The state comes back
+in float32.  Under Triton's CPU interpreter 16-bit inputs take the float32 products (the
+interpreter computes bf16 ``tl.dot`` wrongly).
+
+Gradients.  The backward is not a Triton kernel yet: :class:`ChunkedVLAFunction` recomputes the
+forward through :func:`vla_verify.backends.torch_chunked.chunked` (the same spec §5 forms in
+differentiable PyTorch) and differentiates that.  It is correct and memory-hungry (autograd
+keeps the chunked intermediates), not fast.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import triton
+
+from ..errors import DTypeError, NonFiniteResultError, UnsupportedConfigurationError
+from ..spec import VLAConfig, check_inputs, check_start
+from . import triton_chunked_kernels as kernels
+from .registry import Backend, Capabilities
+
+__all__ = [
+    "CHUNK_SIZES",
+    "INPUT_PRECISIONS",
+    "MAX_HEAD_DIM",
+    "PENALTY_DTYPES",
+    "PLANTED_BUGS",
+    "ChunkedVLAFunction",
+    "TritonChunkedBackend",
+    "availability_reason",
+    "chunked_vla",
+    "interpreted",
+]
+
+_NAME = "triton_chunked"
+#: Chunk sizes of the state chain (those of fla's chunk kernels).
+CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
+#: Largest dk and dv.
+MAX_HEAD_DIM = 128
+#: ``input_precision`` of the float32 state-chain products.
+INPUT_PRECISIONS: tuple[str, ...] = ("ieee", "tf32")
+#: Precisions of the penalty chain (``penalty_dtype``).
+PENALTY_DTYPES: tuple[str, ...] = ("float64", "float32")
+_DTYPES = ("float32", "bfloat16", "float16")
+_NEVER = 2**31 - 1  # a nudge period meaning "never"
+#: Planted bugs for the meta-tests (``planted_bug=`` of :func:`chunked_vla`).
+PLANTED_BUGS: dict[str, int] = {
+    "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
+    "read_before_write": kernels.BUG_READ_BEFORE_WRITE,
+}
+
+
+def interpreted() -> bool:
+    """Whether the kernels were built for Triton's CPU interpreter."""
+    return type(kernels.state_chain_kernel).__name__ == "InterpretedFunction"
+
+
+def availability_reason() -> str | None:
+    """``None`` if the kernels can run here, else why not."""
+    if torch.cuda.is_available() or interpreted():
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "no CUDA GPU, and TRITON_INTERPRET=1 was set only after Triton was imported"
+    return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+_PARAMS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
+    """The configuration scalars as a float64 device tensor, made once per (config, device): a
+    host-to-device copy from pageable memory waits for the stream, so a copy per call would
+    stall the host before every launch."""
+    values = (config.lambda0, config.sm_floor, config.nudge_eta, config.out_eps, config.norm_eps)
+    key = (values, device)
+    if key not in _PARAMS:
+        if len(_PARAMS) > 64:  # many configurations (a property search): do not grow forever
+            _PARAMS.clear()
+        _PARAMS[key] = torch.tensor(values, dtype=torch.float64, device=device)
+    return _PARAMS[key]
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    config: VLAConfig,
+    initial_state: tuple[torch.Tensor, ...] | None,
+    start: int,
+    C: int,
+    CP: int,
+    input_precision: str,
+    penalty_dtype: str,
+    bug: int,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Launch the three kernels (module docstring); returns ``o`` (inputs' dtype) and the
+    float32 state."""
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    dev = q.device
+    q, k, v, u = (x.contiguous() for x in (q, k, v, u))
+    # At least 32: Triton 3.6 failed to lower the float64 penalty kernel at a 16-wide key tile
+    # on sm_90 (an H200 run of benchmarks/gpu/chunk_h200.py); zero padding is exact.
+    BK, BV = max(32, _pow2(dk)), _pow2(dv)
+    BH = B * H
+    L = max(C, CP)
+    TP = math.ceil(T / L) * L
+    pd = torch.float64 if penalty_dtype == "float64" else torch.float32
+    f32 = torch.float32
+    # X = A_0ᵀ, zero-padded to [BK, BK] (padding rows and columns stay zero).
+    X = torch.zeros(BH, BK, BK, dtype=pd, device=dev)
+    if initial_state is None:
+        X[:, :dk, :dk] = torch.eye(dk, dtype=pd, device=dev) / config.lambda0
+        S0 = torch.zeros(BH, dv, dk, dtype=f32, device=dev)
+        z0 = torch.zeros(BH, dk, dtype=f32, device=dev)
+    else:
+        S_in, A_in, z_in = initial_state
+        X[:, :dk, :dk] = A_in.reshape(BH, dk, dk).mT.to(pd)
+        S0 = S_in.reshape(BH, dv, dk).to(f32).contiguous()
+        z0 = z_in.reshape(BH, dk).to(f32).contiguous()
+    params = _params(config, dev)
+    period = _NEVER if config.nudge_period is None else int(config.nudge_period)
+    start_mod = start % period
+    gates = torch.empty(BH, TP, BK, dtype=f32, device=dev)
+    W = torch.empty(BH, CP, BK, dtype=pd, device=dev)
+    bkb = min(BK, 32)
+    # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
+    # kernel holds several: 8 warps keep them in registers.
+    warps = 4 if BK <= 64 else 8
+    kernels.penalty_chain_kernel[(BH,)](
+        k, u, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
+        DK=dk, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
+        NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
+    )  # fmt: skip
+    Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
+    Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    # Triton's CPU interpreter computes tl.dot of bf16 operands wrongly (off by ~1e10 in
+    # Triton 3.9), so there 16-bit inputs take the float32 products.
+    dot16 = q.dtype in (torch.bfloat16, torch.float16) and not interpreted()
+    # The float32 products of 16-bit inputs take tf32: the bf16/fp16 budget of spec §4 is set
+    # by the low-precision oracle, far above tf32's rounding.
+    prec = "tf32" if dot16 else input_precision
+    kernels.state_prep_kernel[(TP // C, BH)](
+        k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
+        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
+    )  # fmt: skip
+    o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
+    S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
+    z_out = torch.empty(BH, dk, dtype=f32, device=dev)
+    bvb = min(BV, 32)
+    kernels.state_chain_kernel[(BH, BV // bvb)](
+        q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
+        DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, DOT16=dot16,
+        OP=_tl_dtype(q.dtype), PREC=prec,
+        NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
+    )  # fmt: skip
+    A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
+    return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
+
+
+def _tl_dtype(dtype: torch.dtype) -> Any:
+    import triton.language as tl
+
+    return {
+        torch.float64: tl.float64,
+        torch.float32: tl.float32,
+        torch.bfloat16: tl.bfloat16,
+        torch.float16: tl.float16,
+    }[dtype]
+
+
+class ChunkedVLAFunction(torch.autograd.Function):
+    """The Triton forward; the backward recomputes through
+    :func:`vla_verify.backends.torch_chunked.chunked` (module docstring, "Gradients")."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        options: dict[str, Any],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        u: torch.Tensor,
+        S0: torch.Tensor | None,
+        A0: torch.Tensor | None,
+        z0: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        initial = None if S0 is None else (S0, A0, z0)
+        o, (S, A, z) = _forward(q, k, v, u, initial_state=initial, **options)
+        ctx.options = options
+        ctx.save_for_backward(q, k, v, u, *(initial or ()))
+        return o, S, A, z
+
+    @staticmethod
+    def backward(ctx: Any, do: Any, dS: Any, dA: Any, dz: Any) -> Any:  # type: ignore[override]
+        from .torch_chunked import chunked
+
+        saved = ctx.saved_tensors
+        opts = ctx.options
+        with torch.enable_grad():
+            xs = [x.detach().requires_grad_(True) for x in saved]
+            initial = tuple(xs[4:]) if len(xs) > 4 else None
+            o, (S, A, z) = chunked(
+                *xs[:4],
+                config=opts["config"],
+                initial_state=initial,
+                chunk_size=opts["C"],
+                penalty_chain="woodbury",
+                start=opts["start"],
+            )
+            outs, grads = [], []
+            for y, g in ((o, do), (S, dS), (A, dA), (z, dz)):
+                if g is not None:
+                    outs.append(y)
+                    grads.append(g.to(y.dtype))
+            got = torch.autograd.grad(outs, xs, grads, allow_unused=True)
+        got = [None if g is None else g.to(x.dtype) for g, x in zip(got, saved, strict=True)]
+        if len(got) == 4:
+            got += [None, None, None]
+        return (None, *got)
+
+
+def chunked_vla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    config: VLAConfig | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    start: int = 0,
+    chunk_size: int = 64,
+    check_finite: bool = False,
+    input_precision: str = "ieee",
+    penalty_dtype: str = "float64",
+    penalty_chunk: int | None = None,
+    planted_bug: str | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """VLA (spec §2.3) by the chunked forms of spec §5 in Triton; differentiable.
+
+    Parameters
+    ----------
+    q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` — float32, bfloat16 or float16, one
+        dtype, on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); ``dk, dv <= 128``.
+    config : :class:`VLAConfig` (default the paper preset); every field is honoured.
+    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
+    start : tokens consumed before the call (spec §2.3: the nudge clock continues).
+    chunk_size : ``C`` of the state chain, 16, 32 or 64.
+    check_finite : check that the inputs are finite (:class:`~vla_verify.errors.NonFiniteError`)
+        and raise :class:`~vla_verify.errors.NonFiniteResultError` when they give a non-finite
+        output or state (device-to-host syncs; off by default).
+    input_precision : float32 state-chain products, ``"ieee"`` or ``"tf32"`` (module
+        docstring, "Precision"); ignored for 16-bit inputs.
+    penalty_dtype : ``"float64"`` (default) or ``"float32"``, the penalty chain's precision.
+    penalty_chunk : tokens per penalty-chain chunk, 16, 32 or 64 (default 32), independent of
+        ``chunk_size``: the gates are per token, so the two chains may cut the sequence
+        differently (``docs/design/triton_chunked.md``, "The penalty chain").
+    planted_bug : a name of :data:`PLANTED_BUGS` (meta-tests only).
+
+    Returns
+    -------
+    ``o`` ``[B, T, H, dv]`` in the inputs' dtype and ``(S, A, z)`` in float32.
+    """
+    config = VLAConfig() if config is None else config
+    start = check_start(start)
+    # A finiteness check of the inputs is a device-to-host sync, so only with check_finite (the
+    # registry backend checks them itself).
+    shapes = check_inputs(q, k, v, u, initial_state, check_finite=check_finite)
+    for name, x in (("q", q), ("k", k), ("v", v), ("u", u)):
+        if not isinstance(x, torch.Tensor):
+            raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != q.dtype:
+            raise DTypeError(name, f"expected the dtype of q ({q.dtype}), got {x.dtype}")
+    if str(q.dtype).removeprefix("torch.") not in _DTYPES:
+        raise DTypeError("q", f"expected one of {_DTYPES}, got {q.dtype}")
+    if chunk_size not in CHUNK_SIZES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}",
+            argument="chunk_size",
+        )  # fmt: skip
+    if max(shapes.dk, shapes.dv) > MAX_HEAD_DIM:
+        raise UnsupportedConfigurationError(
+            _NAME, f"dk={shapes.dk}, dv={shapes.dv}: at most {MAX_HEAD_DIM}", argument="q"
+        )
+    if input_precision not in INPUT_PRECISIONS:
+        raise UnsupportedConfigurationError(
+            _NAME, f"input_precision must be one of {INPUT_PRECISIONS}, got {input_precision!r}",
+            argument="input_precision",
+        )  # fmt: skip
+    if penalty_dtype not in PENALTY_DTYPES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"penalty_dtype must be one of {PENALTY_DTYPES}, got {penalty_dtype!r}",
+            argument="penalty_dtype",
+        )  # fmt: skip
+    if penalty_chunk is None:
+        penalty_chunk = 32
+    if penalty_chunk not in CHUNK_SIZES:
+        raise UnsupportedConfigurationError(
+            _NAME, f"penalty_chunk must be one of {CHUNK_SIZES}, got {penalty_chunk!r}",
+            argument="penalty_chunk",
+        )  # fmt: skip
+    if planted_bug is not None and planted_bug not in PLANTED_BUGS:
+        raise UnsupportedConfigurationError(
+            _NAME, f"planted_bug must be one of {tuple(PLANTED_BUGS)}", argument="planted_bug"
+        )
+    options = dict(
+        config=config, start=start, C=chunk_size, CP=penalty_chunk,
+        input_precision=input_precision, penalty_dtype=penalty_dtype,
+        bug=PLANTED_BUGS.get(planted_bug or "", kernels.BUG_NONE),
+    )  # fmt: skip
+    S0, A0, z0 = initial_state if initial_state is not None else (None, None, None)
+    o, S, A, z = ChunkedVLAFunction.apply(options, q, k, v, u, S0, A0, z0)
+    if check_finite:
+        if not bool(torch.isfinite(o).all()):
+            raise NonFiniteResultError(_NAME, "o")
+        for name, x in (("S", S), ("A", A), ("z", z)):
+            if not bool(torch.isfinite(x).all()):
+                raise NonFiniteResultError(_NAME, f"state.{name}")
+    return o, (S, A, z)
+
+
+class TritonChunkedBackend(Backend):
+    """Registry name ``triton_chunked``: :func:`chunked_vla` as a spec §4 callable.
+
+    Options ``chunk_size`` (16, 32, 64; default 64), ``input_precision``, ``penalty_dtype``,
+    ``penalty_chunk`` (see :func:`chunked_vla`).  Returns ``(o, (S, A, z))`` in the inputs'
+    dtype; any nudge period and any ``start``.
+    """
+
+    name = _NAME
+    description = "Triton chunked kernel (spec §5): Woodbury/LDLᵀ penalty chain, UT state chain"
+    capabilities = Capabilities(
+        array="torch",
+        devices=("cuda", "cpu"),
+        dtypes=_DTYPES,
+        variants=("vla",),
+        differentiable=True,
+        max_head_dim=MAX_HEAD_DIM,
+        requires=("torch", "triton"),
+        options={
+            "chunk_size": 64,
+            "input_precision": "ieee",
+            "penalty_dtype": "float64",
+            "penalty_chunk": None,
+        },
+    )
+
+    def __init__(self, *, variant: str = "vla", **options: Any) -> None:
+        super().__init__(variant=variant, **options)
+        size = self.options["chunk_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size not in CHUNK_SIZES:
+            raise UnsupportedConfigurationError(
+                self.name, f"chunk_size must be one of {CHUNK_SIZES}, got {size!r}",
+                argument="chunk_size",
+            )  # fmt: skip
+
+    def availability(self) -> str | None:
+        return availability_reason()
+
+    def check_support(
+        self,
+        config: VLAConfig,
+        shapes: Any,
+        dtype: str,
+        device: str = "cpu",
+        *,
+        variant: str | None = None,
+    ) -> str | None:
+        reason = super().check_support(config, shapes, dtype, device, variant=variant)
+        if reason is not None:
+            if reason.startswith("dtype float64"):
+                reason += (
+                    ": the kernels accumulate the state chain in float32; the 'torch_chunked' "
+                    "backend runs the same chunked forms in float64"
+                )
+            elif reason.startswith("variant"):
+                reason += "; 'torch_chunked' runs delta and linear chunked, 'torch' runs rls"
+            return reason
+        if device == "cpu" and not interpreted():
+            return (
+                "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
+                "triton); use CUDA tensors"
+            )
+        return None
+
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
+        o, state = chunked_vla(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            initial_state=initial_state,
+            start=start,
+            chunk_size=int(self.options["chunk_size"]),
+            input_precision=str(self.options["input_precision"]),
+            penalty_dtype=str(self.options["penalty_dtype"]),
+            penalty_chunk=self.options["penalty_chunk"],
+        )
+        return o, tuple(x.to(q.dtype) for x in state)

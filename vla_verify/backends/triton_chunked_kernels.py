@@ -1,0 +1,321 @@
+"""Triton kernels of the chunked VLA forward (spec §5), used by :mod:`.triton_chunked`.
+
+Three launches, in this order:
+
+1. :func:`penalty_chain_kernel` — the inter-chunk ``A`` recurrence, one program per (b, h),
+   chunk after chunk of ``CP`` tokens (the penalty chunk).  Per chunk, with rows = tokens and
+   ``X = A_0ᵀ`` (the chunk-start penalty, transposed, in a scratch in global memory):
+
+       Y = U X + c_{t-1}·U        KA = K̂ X                     (tensor-core products)
+       G = U Yᵀ  (lower triangle)  I + G = L D Lᵀ  (pivots clamped at sm_floor)
+       W = L^{-1} Y  (rows s_jᵀ)    α = KA − tril(K̂ (W D^{-1})ᵀ) W + c_t·K̂
+       X ← X − (W D^{-1})ᵀ W + c_C·I
+
+   ``c_t`` is the isotropic shift of ``A_t = B_t + c_t·I`` inside the chunk: the nudges that
+   fired up to step t (:mod:`.torch_chunked`, "Nudges inside a chunk").  The gates
+   ``α̂ = α / max(‖α‖, norm_eps)`` are written in float32.  The chain's precision ``PD`` is
+   float64 or float32 (``penalty_dtype``; its error is measured, ``docs/design/triton_chunked.md``).
+   ``X`` is read and written in row blocks of ``BKB`` rows (a ``dk × dk`` float64 tile does not
+   fit in registers at ``dk = 128``).
+2. :func:`state_prep_kernel` — per chunk of ``C`` tokens, all chunks in parallel: the UT
+   transform ``T = (I + N)^{-1}``, ``N = tril(K̂ Âᵀ, −1)``, by forward substitution, then
+   ``K̃ = T K̂`` and ``Ṽ = T V``.
+3. :func:`state_chain_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h, block
+   of value rows): ``E_c = Ṽ_c − K̃_c S_cᵀ``, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c``,
+   ``S_{c+1} = S_c + E_cᵀ Â_c``, and the read-out normaliser from ``z_t = z_0 + Σ_{s≤t} k_s``.
+
+Products of the state chain take the inputs' dtype as operands when that is 16-bit (bf16/fp16
+operands, float32 accumulation; constexpr ``DOT16``), else float32 with ``PREC`` (``"ieee"`` or
+``"tf32"``: the ``input_precision`` switch of
+:func:`~vla_verify.backends.triton_chunked.chunked_vla`).  The penalty chain's products are
+``PD`` × ``PD`` with ``PD`` accumulation (float64 tensor cores on sm_90).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: Planted bugs for the meta-tests (constexpr ``BUG``).
+BUG_NONE = 0
+BUG_NUDGE_ONE_STEP_LATE = 1
+BUG_READ_BEFORE_WRITE = 2
+
+
+@triton.jit
+def _unit_lower_inverse(N, rows, cols, C: tl.constexpr):
+    """``(I + N)^{-1}`` of a strictly lower triangular ``[C, C]`` tile ``N`` by forward
+    substitution, row by row: ``T_i = e_i − Σ_{m<i} N_{im} T_m``.  (The product series
+    ``Σ (−N)^i`` is exact in exact arithmetic but its powers grow like binomial coefficients
+    on near-parallel keys, so it cancels catastrophically.)"""
+    Tm = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(N.dtype)
+    for i in range(1, C):
+        n_i = tl.sum(tl.where(rows[:, None] == i, N, 0.0), axis=0)  # row i of N, over m
+        new = -tl.sum(n_i[:, None] * Tm, axis=0)  # Σ_m N_im T_m (rows m >= i are zero in n_i)
+        new = tl.where(cols == i, 1.0, new)
+        Tm = tl.where(rows[:, None] == i, new[None, :], Tm)
+    return Tm
+
+
+@triton.jit
+def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
+    """``M = L D Lᵀ`` of a ``[C, C]`` tile, reading its lower triangle only, every pivot
+    clamped ``d_j = max(d_j, floor)`` (the floored Sherman–Morrison denominators of spec §2.3).
+    Right-looking; returns ``(L, d)``."""
+    Lm = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(M.dtype)
+    d = tl.full([C], 1.0, M.dtype)
+    for j in range(C):
+        col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
+        piv = tl.maximum(tl.sum(tl.where(rows == j, col, 0.0), axis=0), floor)
+        lcol = tl.where(rows > j, col / piv, 0.0)
+        Lm = tl.where((cols[None, :] == j) & (rows[:, None] > j), lcol[:, None], Lm)
+        d = tl.where(rows == j, piv, d)
+        # Trailing update of the lower part: M -= piv · l lᵀ (rows and columns > j).
+        M = M - piv * (lcol[:, None] * lcol[None, :])
+    return Lm, d
+
+
+@triton.jit
+def penalty_chain_kernel(
+    k_ptr,
+    u_ptr,
+    x_ptr,  # [BH, BK, BK] scratch: A_0ᵀ on entry, the final Aᵀ on exit (PD)
+    w_ptr,  # [BH, CP, BK] scratch for W D^{-1} (PD)
+    gate_ptr,  # [BH, TP, BK] float32 out: the normalised gates α̂
+    params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
+    T,
+    H,
+    start,
+    period,
+    s_t,
+    s_h,
+    DK,
+    BK: tl.constexpr,
+    BKB: tl.constexpr,
+    CP: tl.constexpr,
+    TP: tl.constexpr,
+    PD: tl.constexpr,
+    NORMALIZE_GATE: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    floor = tl.load(params_ptr + 1).to(PD)
+    eta = tl.load(params_ptr + 2).to(PD)
+    norm_eps = tl.load(params_ptr + 4).to(tl.float32)
+    ot = tl.arange(0, CP)
+    ok = tl.arange(0, BK)
+    okb = tl.arange(0, BKB)
+    kmask = ok < DK
+    base = b * T * s_t + h * s_h
+    xb = x_ptr + bh * BK * BK
+    wb = w_ptr + bh * CP * BK
+    tril = ot[:, None] >= ot[None, :]
+    for c in range(0, tl.cdiv(T, CP)):
+        tok = c * CP + ot
+        tmask = tok < T
+        m2 = tmask[:, None] & kmask[None, :]
+        ptrs = base + tok[:, None] * s_t + ok[None, :]
+        U = tl.load(u_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
+        K = tl.load(k_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
+        rk = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(K * K, axis=1)), norm_eps)
+        Kh = K * rk[:, None]
+        U = U.to(PD)
+        Kh_p = Kh.to(PD)
+        # Y = U X, KA = K̂ X, over row blocks of X (the chunk-start Aᵀ).
+        Y = tl.zeros([CP, BK], PD)
+        KA = tl.zeros([CP, BK], PD)
+        for kb in tl.static_range(BK // BKB):
+            cb = kb * BKB + okb
+            mb = tmask[:, None] & (cb[None, :] < DK)
+            pb = base + tok[:, None] * s_t + cb[None, :]
+            Ub = tl.load(u_ptr + pb, mask=mb, other=0.0).to(tl.float32).to(PD)
+            Kb = (tl.load(k_ptr + pb, mask=mb, other=0.0).to(tl.float32) * rk[:, None]).to(PD)
+            Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
+            Y += tl.dot(Ub, Xb, input_precision="ieee", out_dtype=PD)
+            KA += tl.dot(Kb, Xb, input_precision="ieee", out_dtype=PD)
+        # The nudge clock (spec §2.3): step t of the call (1-based) is global step start + t.
+        if BUG == 1:
+            nudged = (((start + tok) % period) == 0) & (start + tok > 0) & tmask
+        else:
+            nudged = (((start + tok + 1) % period) == 0) & tmask
+        n_after = tl.cumsum(nudged.to(tl.int32), axis=0)
+        c_after = n_after.to(PD) * eta
+        c_before = c_after - nudged.to(PD) * eta
+        Y = Y + c_before[:, None] * U
+        G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
+        eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
+        Lm, d = _ldl_clamped(eye + G, ot, ot, floor, CP)
+        Linv = _unit_lower_inverse(Lm - eye, ot, ot, CP)
+        W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
+        Ws = W / d[:, None]
+        Xm = tl.where(tril, tl.dot(Kh_p, tl.trans(Ws), input_precision="ieee", out_dtype=PD), 0.0)
+        alpha = KA - tl.dot(Xm, W, input_precision="ieee", out_dtype=PD)
+        alpha = alpha + c_after[:, None] * Kh_p
+        alpha = alpha.to(tl.float32)
+        if NORMALIZE_GATE:
+            ra = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(alpha * alpha, axis=1)), norm_eps)
+            alpha = alpha * ra[:, None]
+        gp = gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :]
+        tl.store(gp, alpha, mask=tmask[:, None])
+        # X ← X − (W D^{-1})ᵀ W + c_C·I, row block by row block (W D^{-1} read back by columns).
+        c_end = tl.sum(tl.where(ot == CP - 1, c_after, 0.0), axis=0)
+        tl.store(wb + ot[:, None] * BK + ok[None, :], Ws)
+        tl.debug_barrier()
+        for kb in tl.static_range(BK // BKB):
+            cb = kb * BKB + okb
+            # (W D^{-1})ᵀ's row block, loaded transposed: Triton 3.6 fails to lower a register
+            # transpose of a loaded float64 tile into a dot operand on sm_90.
+            WsbT = tl.load(wb + ot[None, :] * BK + cb[:, None])  # [BKB, CP]
+            Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
+            Xb = Xb - tl.dot(WsbT, W, input_precision="ieee", out_dtype=PD)
+            Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
+            tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
+        tl.debug_barrier()
+
+
+@triton.jit
+def state_prep_kernel(
+    k_ptr,
+    v_ptr,
+    gate_ptr,  # [BH, TP, BK] float32
+    kt_ptr,  # [BH, TP, BK] float32 out: K̃ = T K̂
+    vt_ptr,  # [BH, TP, BV] float32 out: Ṽ = T V
+    params_ptr,
+    T,
+    H,
+    s_t,
+    s_h,
+    sv_t,
+    sv_h,
+    DK,
+    DV,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    TP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    norm_eps = tl.load(params_ptr + 4).to(tl.float32)
+    ot = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    tok = c * C + ot
+    tmask = tok < T
+    mk = tmask[:, None] & (ok[None, :] < DK)
+    mv = tmask[:, None] & (ov[None, :] < DV)
+    K = tl.load(
+        k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :], mask=mk, other=0.0
+    )
+    K = K.to(tl.float32)
+    rk = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(K * K, axis=1)), norm_eps)
+    Kh = K * rk[:, None]
+    V = tl.load(
+        v_ptr + b * T * sv_t + h * sv_h + tok[:, None] * sv_t + ov[None, :], mask=mv, other=0.0
+    )
+    V = V.to(tl.float32)
+    Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
+    N = tl.dot(Kh, tl.trans(Ag), input_precision=PREC)  # N[t, i] = k̂_t·α̂_i
+    N = tl.where(ot[:, None] > ot[None, :], N, 0.0)
+    Tm = _unit_lower_inverse(N, ot, ot, C)
+    Kt = tl.dot(Tm, Kh, input_precision=PREC)
+    Vt = tl.dot(Tm, V, input_precision=PREC)
+    tl.store(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], Kt)
+    tl.store(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], Vt)
+
+
+@triton.jit
+def state_chain_kernel(
+    q_ptr,
+    k_ptr,
+    gate_ptr,  # [BH, TP, BK] float32
+    kt_ptr,  # [BH, TP, BK] float32
+    vt_ptr,  # [BH, TP, BV] float32
+    s0_ptr,  # [BH, DV, DK] float32
+    z0_ptr,  # [BH, DK] float32
+    o_ptr,  # [B, T, H, DV] out, the inputs' dtype
+    s_out_ptr,  # [BH, DV, DK] float32 out
+    z_out_ptr,  # [BH, DK] float32 out
+    params_ptr,
+    T,
+    H,
+    s_t,
+    s_h,
+    so_t,
+    so_h,
+    DK,
+    DV,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BVB: tl.constexpr,
+    C: tl.constexpr,
+    TP: tl.constexpr,
+    DOT16: tl.constexpr,
+    OP: tl.constexpr,
+    PREC: tl.constexpr,
+    NORMALIZE_OUTPUT: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    pv = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    out_eps = tl.load(params_ptr + 3).to(tl.float32)
+    ot = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = pv * BVB + tl.arange(0, BVB)
+    kmask = ok < DK
+    vmask = ov < DV
+    S = tl.load(
+        s0_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
+        mask=vmask[:, None] & kmask[None, :],
+        other=0.0,
+    )  # [BVB, BK]
+    z = tl.load(z0_ptr + bh * DK + ok, mask=kmask, other=0.0)
+    ones = tl.where(ot[:, None] >= ot[None, :], 1.0, 0.0)
+    if BUG == 2:
+        causal = ot[:, None] > ot[None, :]
+    else:
+        causal = ot[:, None] >= ot[None, :]
+    for c in range(0, tl.cdiv(T, C)):
+        tok = c * C + ot
+        tmask = tok < T
+        mk = tmask[:, None] & kmask[None, :]
+        io = b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
+        Q = tl.load(q_ptr + io, mask=mk, other=0.0).to(tl.float32)
+        Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
+        Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
+        Kt = tl.load(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :])
+        Vt = tl.load(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
+        if DOT16:
+            E = Vt - tl.dot(Kt.to(OP), tl.trans(S).to(OP))
+            P = tl.where(causal, tl.dot(Q.to(OP), tl.trans(Ag).to(OP)), 0.0)
+            O = tl.dot(Q.to(OP), tl.trans(S).to(OP)) + tl.dot(P.to(OP), E.to(OP))
+            S = S + tl.dot(tl.trans(E).to(OP), Ag.to(OP))
+        else:
+            E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
+            P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
+            O = tl.dot(Q, tl.trans(S), input_precision=PREC)
+            O += tl.dot(P, E, input_precision=PREC)
+            S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
+        if NORMALIZE_OUTPUT:
+            # z_t = z_run + Σ_{s ≤ t in the chunk} k_s, in float32 (ieee: a tf32 prefix sum
+            # would round k to 10 bits).
+            Z = z[None, :] + tl.dot(ones, Kr, input_precision="ieee")
+            den = tl.maximum(tl.sum(Z * Q, axis=1), out_eps)
+            O = O / den[:, None]
+        z += tl.sum(Kr, axis=0)
+        op = o_ptr + b * T * so_t + h * so_h + tok[:, None] * so_t + ov[None, :]
+        tl.store(op, O.to(o_ptr.dtype.element_ty), mask=tmask[:, None] & vmask[None, :])
+    tl.store(
+        s_out_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
+        S,
+        mask=vmask[:, None] & kmask[None, :],
+    )
+    if pv == 0:
+        tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)

@@ -1,0 +1,95 @@
+"""One entry point for VLA on a GPU: :func:`vla` picks the kernel for the call.
+
+- The recurrent kernel (:func:`vla_verify.backends.triton_fused.fused_recurrent_vla`) for short
+  sequences and decoding, and for training (it has a Triton backward; the chunked kernel's
+  backward recomputes through PyTorch, :mod:`vla_verify.backends.triton_chunked`).
+- The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
+  ``T >= FORWARD_CROSSOVER_T`` (long prefill).
+
+Both compute spec §2.3 with every :class:`~vla_verify.spec.VLAConfig` field and ``start``
+honoured; the choice only changes speed and rounding.  torch and triton are imported on the
+first call, never at ``import vla_verify``.
+
+The entry point's own work is one attribute lookup per tensor and a comparison: no input
+checks beyond the kernels' own, no conversions, no registry lookup (``benchmarks/gpu/
+chunk_h200.py`` times it against the kernel called directly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import VLAConfig
+
+__all__ = ["FORWARD_CROSSOVER_T", "TRAINING_CROSSOVER_T", "choose", "vla"]
+
+#: Sequence length from which the forward runs the chunked kernel.  Measured on the H200
+#: (B = 1, H = 16, bf16, paper preset, ``benchmarks/results/h200/chunk.json``): see
+#: ``docs/design/triton_chunked.md``.  Until that measurement lands this is a placeholder.
+FORWARD_CROSSOVER_T: int = 4096
+#: Sequence length from which training (inputs that require grad) runs the chunked kernel;
+#: ``None``: never, since its backward is not a Triton kernel yet.
+TRAINING_CROSSOVER_T: int | None = None
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernel(name: str) -> Any:
+    fn = _KERNELS.get(name)
+    if fn is None:
+        if name == "chunked":
+            from .backends.triton_chunked import chunked_vla as fn
+        else:
+            from .backends.triton_fused import fused_recurrent_vla as fn
+        _KERNELS[name] = fn
+    return fn
+
+
+def choose(T: int, training: bool) -> str:
+    """``"chunked"`` or ``"recurrent"`` for a call of ``T`` tokens (module docstring)."""
+    if training:
+        if TRAINING_CROSSOVER_T is not None and T >= TRAINING_CROSSOVER_T:
+            return "chunked"
+        return "recurrent"
+    return "chunked" if T >= FORWARD_CROSSOVER_T else "recurrent"
+
+
+def vla(
+    q: Any,
+    k: Any,
+    v: Any,
+    u: Any,
+    *,
+    config: VLAConfig | None = None,
+    initial_state: tuple[Any, Any, Any] | None = None,
+    start: int = 0,
+    kernel: str | None = None,
+) -> tuple[Any, tuple[Any, Any, Any]]:
+    """VLA (spec §2.3) through the kernel that suits the call.
+
+    Parameters
+    ----------
+    q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` torch tensors on a CUDA device (spec §1).
+    config : :class:`VLAConfig` (default the paper preset).
+    initial_state : ``(S, A, z)`` to continue from, or ``None``.
+    start : tokens consumed before the call (spec §2.3: the nudge clock continues).
+    kernel : ``None`` (choose by :func:`choose`), ``"chunked"`` or ``"recurrent"``.
+
+    Returns
+    -------
+    ``o`` ``[B, T, H, dv]`` in the inputs' dtype and the state ``(S, A, z)`` (float32 for
+    16-bit and float32 inputs).
+    """
+    if kernel is None:
+        training = q.requires_grad or k.requires_grad or v.requires_grad or u.requires_grad
+        kernel = choose(q.shape[1], training)
+    elif kernel not in ("chunked", "recurrent"):
+        from .errors import VLAInputError
+
+        raise VLAInputError("kernel", f"expected None, 'chunked' or 'recurrent', got {kernel!r}")
+    fn = _kernel(kernel)
+    if kernel == "chunked":
+        return fn(q, k, v, u, config=config, initial_state=initial_state, start=start)  # type: ignore[no-any-return]
+    if start:
+        return fn(q, k, v, u, config=config, initial_state=initial_state, start=start)  # type: ignore[no-any-return]
+    return fn(q, k, v, u, config=config, initial_state=initial_state)  # type: ignore[no-any-return]
