@@ -7,12 +7,18 @@ counterexample.  The correct implementation there is written independently of th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mutants import MUTANTS, make
 
 from vla_verify import VLAConfig, backends, validate
-from vla_verify.errors import DTypeError, UnknownVariantError, UnsupportedConfigurationError
-from vla_verify.validation import _carry_cut
+from vla_verify.errors import (
+    DTypeError,
+    UnknownVariantError,
+    UnsupportedConfigurationError,
+    VLAInputError,
+)
+from vla_verify.validation import carry_cut
 
 SEED = 20261130
 
@@ -137,11 +143,17 @@ def test_usage_errors_raise() -> None:
 
 
 def test_carry_cut_respects_the_nudge_clock() -> None:
-    """The state (S, A, z) does not carry the nudge clock: cuts land on multiples of the period
-    (or anywhere if no nudge falls in the sequence)."""
-    assert _carry_cut(7, 30, 20) == 20 and _carry_cut(25, 61, 20) == 20
-    assert _carry_cut(3, 10, 20) == 3 and _carry_cut(3, 10, None) == 3
-    assert _carry_cut(3, 20, 20) is None and _carry_cut(1, 1, None) is None
+    """Without ``start`` the state (S, A, z) does not carry the nudge clock: cuts land on
+    multiples of the period (or anywhere if no nudge falls after the cut).  With ``start`` any
+    cut is valid (spec §2.3)."""
+    assert carry_cut(7, 30, 20) == 20 and carry_cut(25, 61, 20) == 20
+    assert carry_cut(3, 10, 20) == 3 and carry_cut(3, 10, None) == 3
+    assert carry_cut(3, 20, 20) is None and carry_cut(1, 1, None) is None
+    assert carry_cut(7, 30, 20, takes_start=True) == 7
+    assert (
+        carry_cut(3, 20, 20, takes_start=True) == 3
+        and carry_cut(40, 30, 20, takes_start=True) == 29
+    )
 
 
 def test_an_unavailable_backend_raises_instead_of_failing() -> None:
@@ -184,3 +196,206 @@ def test_the_chunk_floor_still_rejects_planted_bugs(mutant: str) -> None:
     """The longer summation allowance (dk + C terms) leaves every wrong formula outside."""
     report = validate(make(mutant), max_examples=60, seed=0, chunk_size=64)
     assert not report.passed, mutant
+
+
+# -- arguments first, and what fn really did -----------------------------------------------------
+
+
+def _correct(q, k, v, u, *, config, initial_state=None):
+    return make(None)(q, k, v, u, config=config, initial_state=initial_state)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"fn": None}, "fn"),
+        ({"fn": "no_such_module_anywhere:fn"}, "fn"),
+        ({"fn": "vla_verify:no_such_function"}, "fn"),
+        ({"fn": "no_such_backend"}, "fn"),
+        ({"config": {"lambda0": 0.1, "lambda_zero": 1.0}}, "config"),
+        ({"config": "paper"}, "config"),
+        ({"config": {"lambda0": -1.0}}, "lambda0"),
+        ({"factor": -1}, "factor"),
+        ({"factor": float("nan")}, "factor"),
+        ({"max_examples": 2.5}, "max_examples"),
+        ({"max_examples": True}, "max_examples"),
+        ({"seed": 1.5}, "seed"),
+        ({"dtype": "float128"}, "dtype"),
+        ({"dtype": np.float32}, "dtype"),
+        ({"array": "jax"}, "array"),
+        ({"device": "cuda:0"}, "device"),
+        ({"max_dk": 0}, "max_dk"),
+        ({"max_T": "long"}, "max_T"),
+        ({"max_batch": -2}, "max_batch"),
+        ({"configs": "all"}, "configs"),
+        ({"profile": "fast"}, "profile"),
+        ({"chunk_size": 6.4}, "chunk_size"),
+        ({"check_carry": "yes"}, "check_carry"),
+    ],
+)
+def test_arguments_are_checked_before_any_example_runs(kwargs, argument) -> None:
+    calls = []
+
+    def counting(q, k, v, u, *, config, initial_state=None):
+        calls.append(1)
+        return _correct(q, k, v, u, config=config, initial_state=initial_state)
+
+    fn = kwargs.pop("fn", counting)
+    with pytest.raises(VLAInputError) as info:
+        validate(fn, max_examples=kwargs.pop("max_examples", 3), **kwargs)
+    assert info.value.argument == argument, str(info.value)
+    assert not calls
+
+
+def test_a_mapping_config_builds_a_vlaconfig() -> None:
+    report = validate(
+        _correct, config={"lambda0": 1.0, "nudge_period": None}, max_examples=3, seed=0
+    )
+    assert report.passed, report.summary()
+
+
+def test_a_string_names_the_implementation() -> None:
+    assert validate("numpy", max_examples=3, seed=0).passed
+    assert validate("mutants:make", max_examples=1, seed=0).failures[0].kind == "crash"
+
+
+def test_keyboard_interrupt_stops_the_run() -> None:
+    def interrupted(q, k, v, u, *, config, initial_state=None):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        validate(interrupted, max_examples=5, seed=0)
+
+
+def test_system_exit_inside_fn_is_a_failure_with_its_traceback(tmp_path) -> None:
+    def exits(q, k, v, u, *, config, initial_state=None):
+        raise SystemExit(3)
+
+    report = validate(exits, max_examples=5, seed=0, failure_dir=tmp_path)
+    failure = report.failures[0]
+    assert failure.kind == "crash" and "SystemExit" in failure.message
+    assert failure.traceback and "SystemExit" in failure.traceback
+
+
+def test_in_place_modification_is_reported_with_the_inputs_as_drawn(tmp_path) -> None:
+    def scales_u_in_place(q, k, v, u, *, config, initial_state=None):
+        out = _correct(q, k, v, u, config=config, initial_state=initial_state)
+        u *= 2.0
+        return out
+
+    report = validate(scales_u_in_place, max_examples=10, seed=0, failure_dir=tmp_path)
+    failure = report.failures[0]
+    assert failure.kind == "in_place" and "u" in failure.message, failure.describe()
+    # The case holds the arrays as drawn: the replay rebuilds the same input and fails again.
+    again = validate_replay(failure.replay_path, scales_u_in_place)
+    assert again.failures[0].kind == "in_place"
+    assert np.array_equal(again.failures[0].case.u, failure.case.u)
+
+
+def test_a_modified_initial_state_is_reported(tmp_path) -> None:
+    def zeroes_the_given_state(q, k, v, u, *, config, initial_state=None):
+        out = _correct(q, k, v, u, config=config, initial_state=initial_state)
+        if initial_state is not None:
+            initial_state[0][...] = 0.0
+        return out
+
+    failure = validate(
+        zeroes_the_given_state, max_examples=30, seed=0, failure_dir=tmp_path
+    ).failures[0]
+    assert failure.kind == "in_place" and "S0" in failure.message
+
+
+def test_a_returned_dtype_other_than_the_request_is_a_failure(tmp_path) -> None:
+    def returns_float64(q, k, v, u, *, config, initial_state=None):
+        o, state = _correct(*(x.astype(np.float64) for x in (q, k, v, u)), config=config)
+        return o, state
+
+    report = validate(
+        returns_float64, dtype="float32", max_examples=5, seed=0, failure_dir=tmp_path
+    )
+    failure = report.failures[0]
+    assert failure.kind == "dtype" and "float64" in failure.message and "float32" in failure.message
+
+
+def test_a_returned_device_other_than_the_request_is_a_failure(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    oracle = backends.get("torch")
+
+    def returns_on_meta(q, k, v, u, *, config, initial_state=None):
+        o, state = oracle(q, k, v, u, config=config, initial_state=initial_state)
+        return o.to("meta"), state
+
+    report = validate(
+        returns_on_meta,
+        array="torch",
+        dtype="float32",
+        max_examples=3,
+        seed=0,
+        failure_dir=tmp_path,
+    )
+    failure = report.failures[0]
+    assert failure.kind == "device" and "meta" in failure.message
+    assert torch  # imported for the backend
+
+
+def test_the_carry_check_cuts_anywhere_with_start(tmp_path) -> None:
+    """A kernel that takes start but ignores it restarts its nudge clock on the second half:
+    only a cut off a multiple of the period, with start passed, shows it."""
+
+    def ignores_start(q, k, v, u, *, config, initial_state=None, start=0):
+        return _correct(q, k, v, u, config=config, initial_state=initial_state)
+
+    report = validate(
+        ignores_start,
+        config=VLAConfig(nudge_period=5),
+        max_examples=100,
+        seed=0,
+        failure_dir=tmp_path,
+    )
+    failure = report.failures[0]
+    assert failure.kind == "carry" and "start=" in failure.message, failure.describe()
+    assert failure.cut % 5 != 0
+    # Without start the same kernel is checked at multiples of the period only, and told so.
+    quiet = validate(_correct, config=VLAConfig(nudge_period=5), max_examples=30, seed=0)
+    assert quiet.passed and any("start" in n for n in quiet.notes), quiet.summary()
+
+
+def test_the_cli_replays_a_saved_failure(tmp_path, monkeypatch, capsys) -> None:
+    from vla_verify.cli import main
+
+    (tmp_path / "mykernel.py").write_text(
+        "from vla_verify import backends\n"
+        "_o = backends.get('numpy')\n"
+        "def late(q, k, v, u, *, config, initial_state=None):\n"
+        "    o, s = _o(q, k, v, u, config=config, initial_state=initial_state)\n"
+        "    o[:, 3:] *= 1.001\n"
+        "    return o, s\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(
+        [
+            "check",
+            "mykernel:late",
+            "--quiet",
+            "--seed",
+            "3",
+            "--profile",
+            "quick",
+            "--failure-dir",
+            str(tmp_path / "f"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1 and out.count("seed=") == 1
+    line = next(ln for ln in out.splitlines() if "replay: vla-verify check" in ln)
+    args = line.split("replay: vla-verify ", 1)[1].split()
+    assert main(args) == 1
+    again = capsys.readouterr().out
+    assert "T=4" in again and "FAILED" in again
+
+
+def validate_replay(path, fn):
+    from vla_verify.validation import replay
+
+    return replay(path, fn)

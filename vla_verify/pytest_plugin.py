@@ -9,7 +9,7 @@ and the ``vla_validate`` fixture:
 - ``--vla-seed N``: the Hypothesis seed (default: one derived from the test's name, so that a
   failure in CI fails the same way on a laptop);
 - ``--vla-failure-dir DIR``: where failing cases are saved for replay (default:
-  ``$VLA_VERIFY_FAILURE_DIR`` or ``.vla-verify/failures``).
+  ``$VLA_VERIFY_FAILURE_DIR`` or ``vla-verify-failures`` in the temporary directory).
 
 A test that fails prints the shrunk counterexample and its replay line, nothing else.
 """
@@ -74,7 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--vla-failure-dir",
         default=None,
         help="where failing cases are saved (default: $VLA_VERIFY_FAILURE_DIR or "
-        ".vla-verify/failures)",
+        "vla-verify-failures in the temporary directory)",
     )
 
 

@@ -38,6 +38,7 @@ import json
 import math
 import numbers
 import os
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -103,8 +104,9 @@ def baseline_samples(T: int) -> int:
 PROFILES: dict[str, int] = {"quick": 25, "default": 100, "thorough": 1000}
 
 #: Where failing cases are saved for :func:`replay` unless ``failure_dir`` says otherwise.
+#: (The default lies outside any working tree, so a failing test leaves nothing to commit.)
 FAILURE_DIR_ENV = "VLA_VERIFY_FAILURE_DIR"
-DEFAULT_FAILURE_DIR = ".vla-verify/failures"
+DEFAULT_FAILURE_DIR = os.path.join(tempfile.gettempdir(), "vla-verify-failures")
 
 #: The oracle's state history is computed in segments of at most this many float64 numbers per
 #: array, so that wide, long examples do not hold ``T`` states of ``dk × dk`` at once.
@@ -651,10 +653,11 @@ def _carry(
         state1 = tuple(f if s is None else s for s, f in zip(state1, filled, strict=True))
     try:
         second = call([x[:, cut:] for x in seen], tuple(state1), cut if takes_start else 0, label)
-    except UnsupportedConfigurationError as exc:
+    except UnsupportedConfigurationError:
+        # One note for every declined cut: the registry's reason names the cut, the note not.
         return (
-            f"fn declines start={cut} ({exc.reason}); its carry is checked at multiples of "
-            "nudge_period only"
+            "fn declines a start off a multiple of nudge_period (UnsupportedConfigurationError):"
+            " where it does, its carry is checked at a cut on a multiple of nudge_period"
         )
     if isinstance(second, _Outcome):
         return second
@@ -976,7 +979,7 @@ def validate(
     profile : ``"quick"`` (25 examples), ``"default"`` (100) or ``"thorough"`` (1000):
         the default of ``max_examples`` (:data:`PROFILES`).
     failure_dir : where a failing case is saved for :func:`replay` (default
-        ``$VLA_VERIFY_FAILURE_DIR`` or ``.vla-verify/failures``).
+        ``$VLA_VERIFY_FAILURE_DIR`` or ``vla-verify-failures`` in the temporary directory).
 
     Returns
     -------

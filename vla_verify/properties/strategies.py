@@ -418,10 +418,12 @@ class ConformanceSizes:
 
     @property
     def marks(self) -> tuple[int, ...]:
-        """The periods lengths and cuts aim at: ``C`` first when declared."""
+        """The periods lengths and cuts aim at, repeated by weight: a declared ``C`` about three
+        times in four (first, so that shrinking moves to it), else 64 half the time."""
         if self.chunk_size is None:
             return CHUNK_MARKS
-        return (self.chunk_size, *(m for m in CHUNK_MARKS if m != self.chunk_size))
+        others = tuple(m for m in CHUNK_MARKS if m != self.chunk_size)
+        return (self.chunk_size,) * 6 + others
 
 
 def _weighted(draw: st.DrawFn, options: list[tuple[str, int]], label: str) -> str:
@@ -564,7 +566,7 @@ def conformance_cases(
 SWEEP_LAMBDA0 = (0.1, 1e-3, 1e-2, 1.0, 10.0, 100.0)
 SWEEP_NUDGE_PERIODS: tuple[int | None, ...] = (20, None, 1, 3, 7, 48, 96)
 SWEEP_NUDGE_ETA = (1e-3, 0.0, 1e-1)
-SWEEP_SM_FLOOR = (1e-4, 1e-12, 0.5)
+SWEEP_SM_FLOOR = (1e-4, 1e-12, 0.5, 4.0)
 SWEEP_OUT_EPS = (1e-4, 1e-12, 1.0)
 
 
@@ -573,7 +575,8 @@ def swept_configs(draw: st.DrawFn, given: VLAConfig, variant: str = "vla") -> VL
     """The configuration ``given`` or, two times in three, one drawn across spec §2.2: ``λ0``
     over decades, nudge periods 1, 3, 7 and ones that do not divide a chunk of 64 (48, 96),
     no nudges, nudge sizes 0…0.1, both normalisations, tiny and large floors
-    (``sm_floor``, ``out_eps``).  A kernel that ignores a field of :class:`VLAConfig` is then
+    (``sm_floor`` up to 4, above the ``δ = 1 + uᵀAu >= 1`` of an SPD chain, so that it acts;
+    ``out_eps``).  A kernel that ignores a field of :class:`VLAConfig` is then
     compared with the oracle under a value it does not use.  ``variant="rls"`` keeps no nudges.
     """
     if _weighted(draw, [("given", 1), ("swept", 2)], "config_kind") == "given":
