@@ -18,9 +18,13 @@ from vla_verify.errors import (
     UnsupportedConfigurationError,
     VLAInputError,
 )
+from vla_verify.properties.strategies import ShapeBounds
 from vla_verify.validation import carry_cut
 
 SEED = 20261130
+#: The property tests' small sizes: these tests are about formulas and reports, not reach
+#: (tests/meta/test_checker_reach.py checks the default sizes).
+SMALL = ShapeBounds()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -32,7 +36,7 @@ def test_accepts_the_oracle_itself(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_accepts_an_independent_correct_implementation(dtype: str) -> None:
-    report = validate(make(None), dtype=dtype, max_examples=60, seed=SEED)
+    report = validate(make(None), bounds=SMALL, dtype=dtype, max_examples=60, seed=SEED)
     assert report.passed, report.summary()
     assert "PASSED" in report.summary()
 
@@ -40,7 +44,7 @@ def test_accepts_an_independent_correct_implementation(dtype: str) -> None:
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_rejects_planted_bug(mutant: str, dtype: str) -> None:
-    report = validate(make(mutant), dtype=dtype, max_examples=100, seed=SEED)
+    report = validate(make(mutant), bounds=SMALL, dtype=dtype, max_examples=100, seed=SEED)
     assert not report.passed, f"{mutant} was not caught"
     failure = report.failures[0]
     text = report.summary()
@@ -61,7 +65,7 @@ def test_rejects_transposed_state_when_it_is_square() -> None:
             q, k, v, u, config=config, initial_state=initial_state
         )
 
-    report = validate(transposes_only_square_states, max_examples=100, seed=SEED)
+    report = validate(transposes_only_square_states, bounds=SMALL, max_examples=100, seed=SEED)
     assert not report.passed
     failure = report.failures[0]
     assert failure.kind == "mismatch" and "S" in failure.message
@@ -74,7 +78,7 @@ def test_a_crashing_implementation_is_a_failure_not_an_error() -> None:
             raise RuntimeError("kernel launch failed")
         return make(None)(q, k, v, u, config=config, initial_state=initial_state)
 
-    report = validate(crashes, max_examples=50, seed=SEED)
+    report = validate(crashes, bounds=SMALL, max_examples=50, seed=SEED)
     assert not report.passed
     failure = report.failures[0]
     assert failure.kind == "crash" and "kernel launch failed" in failure.message
@@ -90,21 +94,25 @@ def test_wrong_return_types_and_shapes_are_failures() -> None:
         o, state = make(None)(q, k, v, u, config=config, initial_state=initial_state)
         return o[:, 1:], state
 
-    assert validate(returns_list, max_examples=5, seed=SEED).failures[0].kind == "type"
-    assert validate(drops_a_token, max_examples=5, seed=SEED).failures[0].kind == "shape"
+    assert (
+        validate(returns_list, bounds=SMALL, max_examples=5, seed=SEED).failures[0].kind == "type"
+    )
+    assert (
+        validate(drops_a_token, bounds=SMALL, max_examples=5, seed=SEED).failures[0].kind == "shape"
+    )
 
 
 def test_output_only_implementations_are_checked_on_o() -> None:
     def output_only(q, k, v, u, *, config, initial_state=None):
         return make(None)(q, k, v, u, config=config, initial_state=initial_state)[0]
 
-    assert validate(output_only, max_examples=30, seed=SEED).passed
+    assert validate(output_only, bounds=SMALL, max_examples=30, seed=SEED).passed
     late = make("nudge_one_step_late")
 
     def late_output_only(q, k, v, u, *, config, initial_state=None):
         return late(q, k, v, u, config=config, initial_state=initial_state)[0]
 
-    assert not validate(late_output_only, max_examples=100, seed=SEED).passed
+    assert not validate(late_output_only, bounds=SMALL, max_examples=100, seed=SEED).passed
 
 
 @pytest.mark.parametrize("variant", ["delta", "linear"])
@@ -127,19 +135,21 @@ def test_rls_needs_the_exact_configuration() -> None:
 
 
 def test_same_seed_same_report() -> None:
-    a = validate(make("z_from_unit_keys"), max_examples=30, seed=5)
-    b = validate(make("z_from_unit_keys"), max_examples=30, seed=5)
+    a = validate(make("z_from_unit_keys"), bounds=SMALL, max_examples=30, seed=5)
+    b = validate(make("z_from_unit_keys"), bounds=SMALL, max_examples=30, seed=5)
     assert a.failures[0].case.describe() == b.failures[0].case.describe()
-    assert validate(make(None), max_examples=5).seed is not None  # a drawn seed is reported
+    assert (
+        validate(make(None), bounds=SMALL, max_examples=5).seed is not None
+    )  # a drawn seed is reported
 
 
 def test_usage_errors_raise() -> None:
     with pytest.raises(UnknownVariantError):
-        validate(make(None), variant="gla")
+        validate(make(None), bounds=SMALL, variant="gla")
     with pytest.raises(DTypeError, match="dtype: array='numpy' supports"):
-        validate(make(None), dtype="bfloat16")
+        validate(make(None), bounds=SMALL, dtype="bfloat16")
     with pytest.raises(ValueError, match="max_examples"):
-        validate(make(None), max_examples=0)
+        validate(make(None), bounds=SMALL, max_examples=0)
 
 
 def test_carry_cut_respects_the_nudge_clock() -> None:
@@ -194,7 +204,7 @@ def test_a_chunked_backend_declares_its_chunk_size() -> None:
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_the_chunk_floor_still_rejects_planted_bugs(mutant: str) -> None:
     """The longer summation allowance (dk + C terms) leaves every wrong formula outside."""
-    report = validate(make(mutant), max_examples=60, seed=0, chunk_size=64)
+    report = validate(make(mutant), bounds=SMALL, max_examples=60, seed=0, chunk_size=64)
     assert not report.passed, mutant
 
 
@@ -249,7 +259,11 @@ def test_arguments_are_checked_before_any_example_runs(kwargs, argument) -> None
 
 def test_a_mapping_config_builds_a_vlaconfig() -> None:
     report = validate(
-        _correct, config={"lambda0": 1.0, "nudge_period": None}, max_examples=3, seed=0
+        _correct,
+        bounds=SMALL,
+        config={"lambda0": 1.0, "nudge_period": None},
+        max_examples=3,
+        seed=0,
     )
     assert report.passed, report.summary()
 
@@ -264,14 +278,14 @@ def test_keyboard_interrupt_stops_the_run() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        validate(interrupted, max_examples=5, seed=0)
+        validate(interrupted, bounds=SMALL, max_examples=5, seed=0)
 
 
 def test_system_exit_inside_fn_is_a_failure_with_its_traceback(tmp_path) -> None:
     def exits(q, k, v, u, *, config, initial_state=None):
         raise SystemExit(3)
 
-    report = validate(exits, max_examples=5, seed=0, failure_dir=tmp_path)
+    report = validate(exits, bounds=SMALL, max_examples=5, seed=0, failure_dir=tmp_path)
     failure = report.failures[0]
     assert failure.kind == "crash" and "SystemExit" in failure.message
     assert failure.traceback and "SystemExit" in failure.traceback
@@ -283,7 +297,9 @@ def test_in_place_modification_is_reported_with_the_inputs_as_drawn(tmp_path) ->
         u *= 2.0
         return out
 
-    report = validate(scales_u_in_place, max_examples=10, seed=0, failure_dir=tmp_path)
+    report = validate(
+        scales_u_in_place, bounds=SMALL, max_examples=10, seed=0, failure_dir=tmp_path
+    )
     failure = report.failures[0]
     assert failure.kind == "in_place" and "u" in failure.message, failure.describe()
     # The case holds the arrays as drawn: the replay rebuilds the same input and fails again.
@@ -300,7 +316,7 @@ def test_a_modified_initial_state_is_reported(tmp_path) -> None:
         return out
 
     failure = validate(
-        zeroes_the_given_state, max_examples=30, seed=0, failure_dir=tmp_path
+        zeroes_the_given_state, bounds=SMALL, max_examples=30, seed=0, failure_dir=tmp_path
     ).failures[0]
     assert failure.kind == "in_place" and "S0" in failure.message
 
@@ -311,7 +327,7 @@ def test_a_returned_dtype_other_than_the_request_is_a_failure(tmp_path) -> None:
         return o, state
 
     report = validate(
-        returns_float64, dtype="float32", max_examples=5, seed=0, failure_dir=tmp_path
+        returns_float64, bounds=SMALL, dtype="float32", max_examples=5, seed=0, failure_dir=tmp_path
     )
     failure = report.failures[0]
     assert failure.kind == "dtype" and "float64" in failure.message and "float32" in failure.message
@@ -327,6 +343,7 @@ def test_a_returned_device_other_than_the_request_is_a_failure(tmp_path) -> None
 
     report = validate(
         returns_on_meta,
+        bounds=SMALL,
         array="torch",
         dtype="float32",
         max_examples=3,
@@ -347,6 +364,7 @@ def test_the_carry_check_cuts_anywhere_with_start(tmp_path) -> None:
 
     report = validate(
         ignores_start,
+        bounds=SMALL,
         config=VLAConfig(nudge_period=5),
         max_examples=100,
         seed=0,
@@ -356,7 +374,9 @@ def test_the_carry_check_cuts_anywhere_with_start(tmp_path) -> None:
     assert failure.kind == "carry" and "start=" in failure.message, failure.describe()
     assert failure.cut % 5 != 0
     # Without start the same kernel is checked at multiples of the period only, and told so.
-    quiet = validate(_correct, config=VLAConfig(nudge_period=5), max_examples=30, seed=0)
+    quiet = validate(
+        _correct, bounds=SMALL, config=VLAConfig(nudge_period=5), max_examples=30, seed=0
+    )
     assert quiet.passed and any("start" in n for n in quiet.notes), quiet.summary()
 
 
