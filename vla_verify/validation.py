@@ -99,6 +99,7 @@ def baseline_samples(T: int) -> int:
     """How many same-precision oracle runs the budget of a ``T``-token example takes."""
     return BASELINE_SAMPLES if T < LONG_SEQUENCE else LONG_SEQUENCE_SAMPLES
 
+
 #: Search effort per profile: examples to try.  ``quick`` is the ``ci`` Hypothesis profile's
 #: count (tests/conftest.py), ``thorough`` the ``thorough`` profile's.
 PROFILES: dict[str, int] = {"quick": 25, "default": 100, "thorough": 1000}
@@ -134,8 +135,11 @@ class Failure:
     def describe(self) -> str:
         B, T, H, dk, dv = self.case.shapes
         regimes = ", ".join(f"{k}={v}" for k, v in self.case.regimes.items())
-        lines = [f"[{self.kind}] {self.message}", f"  shapes: B={B} T={T} H={H} dk={dk} dv={dv}"]
-        lines.append(f"  regimes: {regimes}")
+        # The shapes and regimes only: the report's one seed is Hypothesis's, in its head line.
+        lines = [
+            f"[{self.kind}] {self.message}",
+            f"  input: B={B} T={T} H={H} dk={dk} dv={dv}; {regimes}",
+        ]
         if self.config is not None:
             lines.append(f"  config: {self.config!r}")
         if self.cut is not None:

@@ -70,6 +70,6 @@ def test_conformance_test_fails_on_a_planted_bug_and_passes_on_the_oracle(
     assert "vla_verify conformance: profile=quick" in text
     assert "FAILED test_kernels.py::test_chunked_buggy" in text
     # The failure message is the shrunk counterexample and its replay line.
-    assert "shapes: B=1 T=9 H=1" in text, text
+    assert "input: B=1 T=9 H=1" in text, text
     assert "replay: vla-verify check mykernels.recurrent:chunked_vla_buggy --replay" in text
     assert list((pytester.path / "failures").glob("*.npz"))
