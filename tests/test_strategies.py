@@ -137,7 +137,7 @@ def test_safe_target_accepts_anything(case: Case) -> None:
 # -- the conformance checker's sizes --------------------------------------------------------------
 
 
-def _conformance_draws(sizes: S.ConformanceSizes, n: int = 300) -> list[Case]:
+def _conformance_draws(sizes: S.ConformanceSizes, n: int = 200) -> list[Case]:
     drawn: list[Case] = []
 
     @settings(

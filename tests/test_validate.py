@@ -463,3 +463,21 @@ def test_check_help_documents_every_option_with_its_default(capsys) -> None:
         "--factor FACTOR",
     ):
         assert option in text, option
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "no_such_module_anywhere:fn"],
+        ["check", "numpy", "--max-dk", "0"],
+        ["check", "numpy", "--factor", "-1"],
+        ["check", "numpy", "--max-examples", "0"],
+        ["check", "numpy", "--replay", "/no/such/failure.npz"],
+    ],
+)
+def test_check_usage_errors_exit_2_before_any_example(argv, capsys) -> None:
+    from vla_verify.cli import main
+
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "vla-verify: error:" in err and "examples" not in capsys.readouterr().out
