@@ -172,7 +172,7 @@ def test_conformance_cases_aim_lengths_and_cuts_at_the_declared_chunk() -> None:
     T = np.array([c.shapes[1] for c in drawn])
     splits = np.array([c.split for c in drawn if c.shapes[1] > C + 1])
     beside = np.isin(T % C, (0, 1, C - 1)) & (T >= C - 1)
-    assert np.mean(beside) > 0.2
+    assert np.mean(beside) > 0.15  # about 3 in 10 draws aim at a boundary, 3 in 4 of those at C
     assert np.mean(np.isin(splits % C, (0, 1, C - 1))) > 0.3
     undeclared = np.array([c.shapes[1] for c in _conformance_draws(S.ConformanceSizes(max_T=300))])
     assert np.mean(beside) > 2 * np.mean(
