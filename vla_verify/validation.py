@@ -192,6 +192,7 @@ class ValidationReport:
     beyond_reach: int = 0  # examples the reference could not vouch for (IllConditionedError)
     configs: str = "given"  # "given" or "sweep"
     notes: list[str] = field(default_factory=list)
+    replayed: bool = False  # one saved case rerun by :func:`replay`, not a search
 
     def summary(self) -> str:
         head = (
@@ -207,7 +208,8 @@ class ValidationReport:
         parts = [head, *(f"note: {n}" for n in self.notes)]
         if self.passed:
             return "\n".join(parts)
-        parts.append(f"{len(self.failures)} failure(s), shrunk by Hypothesis:")
+        how = "replayed from its file" if self.replayed else "shrunk by Hypothesis"
+        parts.append(f"{len(self.failures)} failure(s), {how}:")
         parts.extend(f.describe() for f in self.failures)
         return "\n".join(parts)
 
@@ -234,7 +236,7 @@ def _finite(arrays: Any) -> bool:
 
 def _reference(
     inputs: Sequence[np.ndarray],
-    initial_state: tuple[np.ndarray, ...] | None,
+    initial_state: Any,
     *,
     config: VLAConfig,
     variant: str,
@@ -324,11 +326,12 @@ def _reference_with_scales(
         "o": np.zeros((B, H)),
     }
     outputs = []
-    state = initial
+    state: Any = initial
     for lo in range(0, T, segment):
         part = [x[:, lo : lo + segment] for x in inputs]
         run = _reference(part, state, config=config, variant=variant, return_states=True, start=lo)
         history = run.history
+        assert history is not None
         scales["S"] = np.maximum(scales["S"], np.max(np.abs(history.S), axis=(1, 3, 4)))
         scales["A"] = np.maximum(scales["A"], np.max(np.abs(history.A), axis=(1, 3, 4)))
         scales["z"] = np.maximum(scales["z"], np.max(np.abs(history.z), axis=(1, 3)))
@@ -495,10 +498,12 @@ def _evaluate(
         one); a failure when fn raises or changes what it was given."""
         given = fresh(inputs)
         checked = list(inputs)
+        given_state: tuple[Any, ...] | None
         if drawn_state and state is not None:
-            given_state: tuple[Any, ...] | None = tuple(fresh(state))
-            given.extend(given_state)
+            copies = tuple(fresh(state))
+            given.extend(copies)
             checked.extend(state)
+            given_state = copies
         else:
             given_state = None if state is None else tuple(state)
         extra = {"start": start} if start else {}
@@ -832,7 +837,7 @@ def _save_failure(
     path = Path(directory) / f"{name[:60]}-{digest.hexdigest()[:12]}.npz"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, meta=np.array(json.dumps(meta, default=str)), **arrays)
+        np.savez(path, meta=np.array(json.dumps(meta, default=str)), **arrays)  # type: ignore[arg-type]
     except OSError as exc:  # a read-only directory must not hide the failure itself
         failure.replay_line = f"(could not save the case to {path}: {exc})"
         return
@@ -911,10 +916,11 @@ def replay(path: str | Path, fn: Implementation | str | None = None) -> Validati
         device=meta["device"],
         seed=meta.get("seed"),
         elapsed_s=time.perf_counter() - start,
-        name=meta.get("target") or getattr(fn, "__qualname__", "fn"),
+        name=str(meta.get("target") or getattr(fn, "__qualname__", "fn")),
         chunk_size=meta["chunk_size"],
         beyond_reach=int(outcome.status == "beyond"),
         notes=[f"replay of {path}"] + ([outcome.note] if outcome.note else []),
+        replayed=True,
     )
 
 
