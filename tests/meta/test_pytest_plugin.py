@@ -2,8 +2,8 @@
 small kernel repository fails on a planted bug, with the shrunk counterexample and its replay
 line, and passes on the oracle.
 
-The inner session loads the plugin with ``-p vla_verify.pytest_plugin`` explicitly: the
-``pytest11`` entry point only exists where the package is installed.
+The inner session loads the plugin with ``-p vla_verify.pytest_plugin`` explicitly and without
+entry points: the ``pytest11`` entry point only exists where the package is installed.
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ test_chunked_buggy = conformance_test(chunked_vla_buggy, dtype="float64", chunk_
 
 
 def test_conformance_test_fails_on_a_planted_bug_and_passes_on_the_oracle(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Entry points off: where the package is installed its pytest11 entry point would register
+    # the same module a second time next to the explicit -p.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     pytester.mkpydir("mykernels")
     pytester.path.joinpath("mykernels", "recurrent.py").write_text(KERNEL)
     pytester.makepyfile(test_kernels=TESTS)
