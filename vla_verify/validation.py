@@ -273,6 +273,7 @@ def same_precision_runs(
     dtype: str,
     seed: int = 0,
     samples: int = BASELINE_SAMPLES,
+    start: int = 0,
 ) -> list[OracleResult]:
     """The oracle in ``fn``'s precision (float32 for a float64 ``fn``), ``samples`` times.
 
@@ -296,7 +297,9 @@ def same_precision_runs(
 
             xs = [jiggle(x) for x in inputs]
             state = None if initial_state is None else tuple(jiggle(x) for x in initial_state)
-        runs.append(_reference(xs, state, config=config, variant=variant, dtype=base_dtype))
+        runs.append(
+            _reference(xs, state, config=config, variant=variant, dtype=base_dtype, start=start)
+        )
     return runs
 
 
@@ -305,6 +308,7 @@ def _reference_with_scales(
     initial: tuple[np.ndarray, ...] | None,
     config: VLAConfig,
     variant: str,
+    start: int = 0,
 ) -> tuple[OracleResult, dict[str, np.ndarray]]:
     """The float64 reference and, per (b, h), the magnitude of the terms that make each quantity
     (the floor's scale of :mod:`vla_verify.error_model`).
@@ -329,7 +333,9 @@ def _reference_with_scales(
     state: Any = initial
     for lo in range(0, T, segment):
         part = [x[:, lo : lo + segment] for x in inputs]
-        run = _reference(part, state, config=config, variant=variant, return_states=True, start=lo)
+        run = _reference(
+            part, state, config=config, variant=variant, return_states=True, start=start + lo
+        )
         history = run.history
         assert history is not None
         scales["S"] = np.maximum(scales["S"], np.max(np.abs(history.S), axis=(1, 3, 4)))
@@ -601,25 +607,16 @@ def _evaluate(
             if isinstance(carried, _Outcome):
                 return carried
         if isinstance(carried, tuple):
-            o1, o2 = carried
-            joined = np.concatenate([to_numpy(o1), to_numpy(o2)], axis=1)
-            if joined.shape != ref.o.shape:
-                return fail(
-                    "shape", f"carried outputs have shape {joined.shape}, expected {ref.o.shape}"
-                )
-            carry = compare(
-                "o", joined, ref.o, bases["o"], dtype, factor=factor, scale=scales["o"], terms=terms
-            )
-            if not carry.passed:
-                how = f" and start={cut}" if takes_start and note is None else ""
-                return fail(
-                    "carry",
-                    f"the sequence cut after token {cut}, continued from the state fn returned"
-                    f"{how}, differs from the whole sequence",
-                    [carry],
-                    cut=cut,
-                )
-            worst = max(worst, carry.ratio)
+            judged = _judge_carry(
+                carried, seen, cut, ref, bases, scales, expected_shapes, config, variant, dtype,
+                factor, terms, case,
+            )  # fmt: skip
+            if judged.status != "judged" or judged.failure is not None:
+                if judged.failure is not None:
+                    how = f" with start={cut}" if takes_start and note is None else ""
+                    judged.failure.message = judged.failure.message.replace("{how}", how)
+                return judged
+            worst = max(worst, judged.ratio)
     return _Outcome("judged", None, worst, note)
 
 
@@ -634,8 +631,8 @@ def _carry(
     variant: str,
     fresh: Callable[[Sequence[np.ndarray]], list[Any]],
 ) -> tuple[Any, Any] | _Outcome | str | None:
-    """Run the two halves of the state-carry check: ``(o1, o2)``, a failure, or a note (a str)
-    when ``fn`` declines ``start=cut`` with :class:`UnsupportedConfigurationError`."""
+    """Run the two halves of the state-carry check: ``(o1, o2, state1)``, a failure, or a note
+    (a str) when ``fn`` declines ``start=cut`` with :class:`UnsupportedConfigurationError`."""
     label = " during the state-carry check"
     first = call([x[:, :cut] for x in seen], seen_state, 0, label, drawn_state=True)
     if isinstance(first, _Outcome):
@@ -670,7 +667,115 @@ def _carry(
         )
     if isinstance(second, _Outcome):
         return second
-    return o1, second[0]
+    return o1, second[0], tuple(state1)
+
+
+def _judge_carry(
+    carried: tuple[Any, Any, tuple[Any, ...]],
+    seen: list[np.ndarray],
+    cut: int,
+    ref: OracleResult,
+    bases: dict[str, list[np.ndarray]],
+    scales: dict[str, np.ndarray],
+    expected_shapes: dict[str, tuple[int, ...]],
+    config: VLAConfig,
+    variant: str,
+    dtype: str,
+    factor: float,
+    terms: int,
+    case: Case,
+) -> _Outcome:
+    """Judge the two halves of the state carry (spec §4).
+
+    The first half must give the whole sequence's first ``cut`` outputs.  The second half must
+    give what the recurrence gives when continued from the state ``fn`` returned (the oracle
+    started from that state, as ``fn`` returned it, with ``start=cut``), within the budget of
+    that continuation.  Judging the second half against the continuation of ``fn``'s own state,
+    rather than against the whole sequence, keeps the rounding of that state to ``fn``'s dtype
+    (bfloat16 keeps 8 bits) out of the verdict; whether the state itself is right is judged
+    where ``fn`` returns it for the whole sequence.  The ``{how}`` placeholder of a failure's
+    message is filled by the caller.
+    """
+
+    def fail(message: str, comparisons: Any = ()) -> _Outcome:
+        failure = Failure("carry", message, case, list(comparisons), None, config, cut)
+        return _Outcome("judged", failure, np.inf)
+
+    o1, o2, state1 = carried
+    B, T, H, dv = expected_shapes["o"]
+    got1, got2 = to_numpy(o1), to_numpy(o2)
+    if got1.shape != (B, cut, H, dv) or got2.shape != (B, T - cut, H, dv):
+        failure = Failure(
+            "shape",
+            f"carried outputs have shapes {got1.shape} and {got2.shape}, expected "
+            f"{(B, cut, H, dv)} and {(B, T - cut, H, dv)}",
+            case,
+            config=config,
+            cut=cut,
+        )
+        return _Outcome("judged", failure, np.inf)
+    carried_state = tuple(to_numpy(x) for x in state1)
+    for name, x in zip("SAz", carried_state, strict=True):
+        if x.shape != expected_shapes[name]:
+            failure = Failure(
+                "shape",
+                f"the state returned after token {cut}: {name} has shape {x.shape}, expected "
+                f"{expected_shapes[name]}",
+                case,
+                config=config,
+                cut=cut,
+            )
+            return _Outcome("judged", failure, np.inf)
+    first = compare(
+        "o",
+        got1,
+        ref.o[:, :cut],
+        [b[:, :cut] for b in bases["o"]],
+        dtype,
+        factor=factor,
+        scale=scales["o"],
+        terms=terms,
+    )
+    if not first.passed:
+        return fail(f"the first {cut} tokens, run alone, differ from the whole sequence's", [first])
+    if not _finite(carried_state):
+        return fail(f"the state fn returned after token {cut} is not finite")
+    second_inputs = [x[:, cut:] for x in seen]
+    try:
+        ref2, scales2 = _reference_with_scales(
+            second_inputs, carried_state, config, variant, start=cut
+        )
+        bases2 = same_precision_runs(
+            second_inputs,
+            carried_state,
+            config=config,
+            variant=variant,
+            dtype=dtype,
+            seed=case.seed + 1,
+            samples=baseline_samples(T - cut),
+            start=cut,
+        )
+    except _BeyondReach as exc:
+        return _Outcome("beyond", note=str(exc))
+    if not _finite([ref2.o, *(r.o for r in bases2)]):
+        return _Outcome("judged", None, first.ratio)  # the continuation is outside the envelope
+    second = compare(
+        "o",
+        got2,
+        ref2.o,
+        [r.o for r in bases2],
+        dtype,
+        factor=factor,
+        scale=scales2["o"],
+        terms=terms,
+    )
+    if not second.passed:
+        return fail(
+            f"the sequence cut after token {cut} and continued from the state fn returned"
+            "{how} differs from the recurrence continued from that state",
+            [second],
+        )
+    return _Outcome("judged", None, max(first.ratio, second.ratio))
 
 
 def evaluate_case(
