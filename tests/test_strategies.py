@@ -132,3 +132,69 @@ def test_safe_target_accepts_anything(case: Case) -> None:
     assert S.safe_target(float("inf"), "inf") == S.TARGET_CAP
     assert np.isnan(S.safe_target(float("nan"), "nan"))
     assert S.safe_target(0.0, "log", log10=True) == -400.0
+
+
+# -- the conformance checker's sizes --------------------------------------------------------------
+
+
+def _conformance_draws(sizes: S.ConformanceSizes, n: int = 200) -> list[Case]:
+    drawn: list[Case] = []
+
+    @settings(
+        max_examples=n, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
+    @given(case=S.conformance_cases(PRESET, sizes))
+    def collect(case: Case) -> None:
+        _check_layout(case)
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+def test_conformance_cases_reach_the_kernels_structure() -> None:
+    """Widths past one tile, lengths past two chunks, B > 2 and H > 2, dk != dv: each in a
+    sizeable share of the draws, while most draws stay small."""
+    drawn = _conformance_draws(S.ConformanceSizes())
+    shapes = np.array([c.shapes for c in drawn])
+    B, T, H, dk, dv = shapes.T
+    assert np.mean(dk > 32) > 0.15 and np.mean(dk >= 16) > 0.3 and 128 in dk
+    assert np.mean(T > 128) > 0.15 and T.max() > 4 * 128
+    assert np.mean(B > 2) > 0.1 and np.mean(H > 2) > 0.1 and np.all(B * H <= 6)
+    assert np.mean(dk != dv) > 0.5
+    assert np.median(T) < 64 and np.mean(B * H == 1) > 0.3  # still mostly small
+    assert {17, 48, 96, 100, 127} & set(dk.tolist())  # ragged widths beside the tiles
+
+
+def test_conformance_cases_aim_lengths_and_cuts_at_the_declared_chunk() -> None:
+    C = 48
+    drawn = _conformance_draws(S.ConformanceSizes(chunk_size=C, max_T=300))
+    T = np.array([c.shapes[1] for c in drawn])
+    splits = np.array([c.split for c in drawn if c.shapes[1] > C + 1])
+    beside = np.isin(T % C, (0, 1, C - 1)) & (T >= C - 1)
+    assert np.mean(beside) > 0.15  # about 3 in 10 draws aim at a boundary, 3 in 4 of those at C
+    assert np.mean(np.isin(splits % C, (0, 1, C - 1))) > 0.3
+    undeclared = np.array([c.shapes[1] for c in _conformance_draws(S.ConformanceSizes(max_T=300))])
+    assert np.mean(beside) > 2 * np.mean(
+        np.isin(undeclared % C, (0, 1, C - 1)) & (undeclared >= C - 1)
+    )
+    # The cost cap keeps two chunks and a token at the widest heads.
+    wide = [c for c in drawn if c.shapes[3] == 128 and c.shapes[0] * c.shapes[2] == 6]
+    assert all(c.shapes[1] <= 300 for c in wide)
+
+
+def test_swept_configs_reach_every_field() -> None:
+    seen: dict[str, set] = {}
+
+    @settings(max_examples=200, database=None, derandomize=True)
+    @given(cfg=S.swept_configs(PRESET))
+    def collect(cfg: VLAConfig) -> None:
+        for name in ("lambda0", "nudge_period", "nudge_eta", "sm_floor", "out_eps"):
+            seen.setdefault(name, set()).add(getattr(cfg, name))
+        seen.setdefault("gates", set()).add((cfg.normalize_gate, cfg.normalize_output))
+
+    collect()
+    assert {1, 3, 48, None} <= seen["nudge_period"]  # 48 does not divide a chunk of 64
+    assert min(seen["lambda0"]) <= 1e-3 and max(seen["lambda0"]) >= 100
+    assert min(seen["sm_floor"]) <= 1e-12 and max(seen["sm_floor"]) > 1
+    assert len(seen["gates"]) == 4 and len(seen["nudge_eta"]) >= 3

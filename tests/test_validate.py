@@ -7,14 +7,24 @@ counterexample.  The correct implementation there is written independently of th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mutants import MUTANTS, make
 
 from vla_verify import VLAConfig, backends, validate
-from vla_verify.errors import DTypeError, UnknownVariantError, UnsupportedConfigurationError
-from vla_verify.validation import _carry_cut
+from vla_verify.errors import (
+    DTypeError,
+    UnknownVariantError,
+    UnsupportedConfigurationError,
+    VLAInputError,
+)
+from vla_verify.properties.strategies import ShapeBounds
+from vla_verify.validation import carry_cut
 
 SEED = 20261130
+#: The property tests' small sizes: these tests are about formulas and reports, not reach
+#: (tests/meta/test_checker_reach.py checks the default sizes).
+SMALL = ShapeBounds()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -26,7 +36,7 @@ def test_accepts_the_oracle_itself(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_accepts_an_independent_correct_implementation(dtype: str) -> None:
-    report = validate(make(None), dtype=dtype, max_examples=60, seed=SEED)
+    report = validate(make(None), bounds=SMALL, dtype=dtype, max_examples=60, seed=SEED)
     assert report.passed, report.summary()
     assert "PASSED" in report.summary()
 
@@ -34,7 +44,7 @@ def test_accepts_an_independent_correct_implementation(dtype: str) -> None:
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_rejects_planted_bug(mutant: str, dtype: str) -> None:
-    report = validate(make(mutant), dtype=dtype, max_examples=100, seed=SEED)
+    report = validate(make(mutant), bounds=SMALL, dtype=dtype, max_examples=100, seed=SEED)
     assert not report.passed, f"{mutant} was not caught"
     failure = report.failures[0]
     text = report.summary()
@@ -55,7 +65,7 @@ def test_rejects_transposed_state_when_it_is_square() -> None:
             q, k, v, u, config=config, initial_state=initial_state
         )
 
-    report = validate(transposes_only_square_states, max_examples=100, seed=SEED)
+    report = validate(transposes_only_square_states, bounds=SMALL, max_examples=100, seed=SEED)
     assert not report.passed
     failure = report.failures[0]
     assert failure.kind == "mismatch" and "S" in failure.message
@@ -68,7 +78,7 @@ def test_a_crashing_implementation_is_a_failure_not_an_error() -> None:
             raise RuntimeError("kernel launch failed")
         return make(None)(q, k, v, u, config=config, initial_state=initial_state)
 
-    report = validate(crashes, max_examples=50, seed=SEED)
+    report = validate(crashes, bounds=SMALL, max_examples=50, seed=SEED)
     assert not report.passed
     failure = report.failures[0]
     assert failure.kind == "crash" and "kernel launch failed" in failure.message
@@ -84,21 +94,25 @@ def test_wrong_return_types_and_shapes_are_failures() -> None:
         o, state = make(None)(q, k, v, u, config=config, initial_state=initial_state)
         return o[:, 1:], state
 
-    assert validate(returns_list, max_examples=5, seed=SEED).failures[0].kind == "type"
-    assert validate(drops_a_token, max_examples=5, seed=SEED).failures[0].kind == "shape"
+    assert (
+        validate(returns_list, bounds=SMALL, max_examples=5, seed=SEED).failures[0].kind == "type"
+    )
+    assert (
+        validate(drops_a_token, bounds=SMALL, max_examples=5, seed=SEED).failures[0].kind == "shape"
+    )
 
 
 def test_output_only_implementations_are_checked_on_o() -> None:
     def output_only(q, k, v, u, *, config, initial_state=None):
         return make(None)(q, k, v, u, config=config, initial_state=initial_state)[0]
 
-    assert validate(output_only, max_examples=30, seed=SEED).passed
+    assert validate(output_only, bounds=SMALL, max_examples=30, seed=SEED).passed
     late = make("nudge_one_step_late")
 
     def late_output_only(q, k, v, u, *, config, initial_state=None):
         return late(q, k, v, u, config=config, initial_state=initial_state)[0]
 
-    assert not validate(late_output_only, max_examples=100, seed=SEED).passed
+    assert not validate(late_output_only, bounds=SMALL, max_examples=100, seed=SEED).passed
 
 
 @pytest.mark.parametrize("variant", ["delta", "linear"])
@@ -121,27 +135,35 @@ def test_rls_needs_the_exact_configuration() -> None:
 
 
 def test_same_seed_same_report() -> None:
-    a = validate(make("z_from_unit_keys"), max_examples=30, seed=5)
-    b = validate(make("z_from_unit_keys"), max_examples=30, seed=5)
+    a = validate(make("z_from_unit_keys"), bounds=SMALL, max_examples=30, seed=5)
+    b = validate(make("z_from_unit_keys"), bounds=SMALL, max_examples=30, seed=5)
     assert a.failures[0].case.describe() == b.failures[0].case.describe()
-    assert validate(make(None), max_examples=5).seed is not None  # a drawn seed is reported
+    assert (
+        validate(make(None), bounds=SMALL, max_examples=5).seed is not None
+    )  # a drawn seed is reported
 
 
 def test_usage_errors_raise() -> None:
     with pytest.raises(UnknownVariantError):
-        validate(make(None), variant="gla")
+        validate(make(None), bounds=SMALL, variant="gla")
     with pytest.raises(DTypeError, match="dtype: array='numpy' supports"):
-        validate(make(None), dtype="bfloat16")
+        validate(make(None), bounds=SMALL, dtype="bfloat16")
     with pytest.raises(ValueError, match="max_examples"):
-        validate(make(None), max_examples=0)
+        validate(make(None), bounds=SMALL, max_examples=0)
 
 
 def test_carry_cut_respects_the_nudge_clock() -> None:
-    """The state (S, A, z) does not carry the nudge clock: cuts land on multiples of the period
-    (or anywhere if no nudge falls in the sequence)."""
-    assert _carry_cut(7, 30, 20) == 20 and _carry_cut(25, 61, 20) == 20
-    assert _carry_cut(3, 10, 20) == 3 and _carry_cut(3, 10, None) == 3
-    assert _carry_cut(3, 20, 20) is None and _carry_cut(1, 1, None) is None
+    """Without ``start`` the state (S, A, z) does not carry the nudge clock: cuts land on
+    multiples of the period (or anywhere if no nudge falls after the cut).  With ``start`` any
+    cut is valid (spec §2.3)."""
+    assert carry_cut(7, 30, 20) == 20 and carry_cut(25, 61, 20) == 20
+    assert carry_cut(3, 10, 20) == 3 and carry_cut(3, 10, None) == 3
+    assert carry_cut(3, 20, 20) is None and carry_cut(1, 1, None) is None
+    assert carry_cut(7, 30, 20, takes_start=True) == 7
+    assert (
+        carry_cut(3, 20, 20, takes_start=True) == 3
+        and carry_cut(40, 30, 20, takes_start=True) == 29
+    )
 
 
 def test_an_unavailable_backend_raises_instead_of_failing() -> None:
@@ -182,5 +204,280 @@ def test_a_chunked_backend_declares_its_chunk_size() -> None:
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_the_chunk_floor_still_rejects_planted_bugs(mutant: str) -> None:
     """The longer summation allowance (dk + C terms) leaves every wrong formula outside."""
-    report = validate(make(mutant), max_examples=60, seed=0, chunk_size=64)
+    report = validate(make(mutant), bounds=SMALL, max_examples=60, seed=0, chunk_size=64)
     assert not report.passed, mutant
+
+
+# -- arguments first, and what fn really did -----------------------------------------------------
+
+
+def _correct(q, k, v, u, *, config, initial_state=None):
+    return make(None)(q, k, v, u, config=config, initial_state=initial_state)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"fn": None}, "fn"),
+        ({"fn": "no_such_module_anywhere:fn"}, "fn"),
+        ({"fn": "vla_verify:no_such_function"}, "fn"),
+        ({"fn": "no_such_backend"}, "fn"),
+        ({"config": {"lambda0": 0.1, "lambda_zero": 1.0}}, "config"),
+        ({"config": "paper"}, "config"),
+        ({"config": {"lambda0": -1.0}}, "lambda0"),
+        ({"factor": -1}, "factor"),
+        ({"factor": float("nan")}, "factor"),
+        ({"max_examples": 2.5}, "max_examples"),
+        ({"max_examples": True}, "max_examples"),
+        ({"seed": 1.5}, "seed"),
+        ({"dtype": "float128"}, "dtype"),
+        ({"dtype": np.float32}, "dtype"),
+        ({"array": "jax"}, "array"),
+        ({"device": "cuda:0"}, "device"),
+        ({"max_dk": 0}, "max_dk"),
+        ({"max_T": "long"}, "max_T"),
+        ({"max_batch": -2}, "max_batch"),
+        ({"configs": "all"}, "configs"),
+        ({"profile": "fast"}, "profile"),
+        ({"chunk_size": 6.4}, "chunk_size"),
+        ({"check_carry": "yes"}, "check_carry"),
+    ],
+)
+def test_arguments_are_checked_before_any_example_runs(kwargs, argument) -> None:
+    calls = []
+
+    def counting(q, k, v, u, *, config, initial_state=None):
+        calls.append(1)
+        return _correct(q, k, v, u, config=config, initial_state=initial_state)
+
+    fn = kwargs.pop("fn", counting)
+    with pytest.raises(VLAInputError) as info:
+        validate(fn, max_examples=kwargs.pop("max_examples", 3), **kwargs)
+    assert info.value.argument == argument, str(info.value)
+    assert not calls
+
+
+def test_a_mapping_config_builds_a_vlaconfig() -> None:
+    report = validate(
+        _correct,
+        bounds=SMALL,
+        config={"lambda0": 1.0, "nudge_period": None},
+        max_examples=3,
+        seed=0,
+    )
+    assert report.passed, report.summary()
+
+
+def test_a_string_names_the_implementation() -> None:
+    assert validate("numpy", max_examples=3, seed=0).passed
+    assert validate("mutants:make", max_examples=1, seed=0).failures[0].kind == "crash"
+
+
+def test_keyboard_interrupt_stops_the_run() -> None:
+    def interrupted(q, k, v, u, *, config, initial_state=None):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        validate(interrupted, bounds=SMALL, max_examples=5, seed=0)
+
+
+def test_system_exit_inside_fn_is_a_failure_with_its_traceback(tmp_path) -> None:
+    def exits(q, k, v, u, *, config, initial_state=None):
+        raise SystemExit(3)
+
+    report = validate(exits, bounds=SMALL, max_examples=5, seed=0, failure_dir=tmp_path)
+    failure = report.failures[0]
+    assert failure.kind == "crash" and "SystemExit" in failure.message
+    assert failure.traceback and "SystemExit" in failure.traceback
+
+
+def test_in_place_modification_is_reported_with_the_inputs_as_drawn(tmp_path) -> None:
+    def scales_u_in_place(q, k, v, u, *, config, initial_state=None):
+        out = _correct(q, k, v, u, config=config, initial_state=initial_state)
+        u *= 2.0
+        return out
+
+    report = validate(
+        scales_u_in_place, bounds=SMALL, max_examples=10, seed=0, failure_dir=tmp_path
+    )
+    failure = report.failures[0]
+    assert failure.kind == "in_place" and "u" in failure.message, failure.describe()
+    # The case holds the arrays as drawn: the replay rebuilds the same input and fails again.
+    again = validate_replay(failure.replay_path, scales_u_in_place)
+    assert again.failures[0].kind == "in_place"
+    assert np.array_equal(again.failures[0].case.u, failure.case.u)
+
+
+def test_a_modified_initial_state_is_reported(tmp_path) -> None:
+    def zeroes_the_given_state(q, k, v, u, *, config, initial_state=None):
+        out = _correct(q, k, v, u, config=config, initial_state=initial_state)
+        if initial_state is not None:
+            initial_state[0][...] = 0.0
+        return out
+
+    failure = validate(
+        zeroes_the_given_state, bounds=SMALL, max_examples=30, seed=0, failure_dir=tmp_path
+    ).failures[0]
+    assert failure.kind == "in_place" and "S0" in failure.message
+
+
+def test_a_returned_dtype_other_than_the_request_is_a_failure(tmp_path) -> None:
+    def returns_float64(q, k, v, u, *, config, initial_state=None):
+        o, state = _correct(*(x.astype(np.float64) for x in (q, k, v, u)), config=config)
+        return o, state
+
+    report = validate(
+        returns_float64, bounds=SMALL, dtype="float32", max_examples=5, seed=0, failure_dir=tmp_path
+    )
+    failure = report.failures[0]
+    assert failure.kind == "dtype" and "float64" in failure.message and "float32" in failure.message
+
+
+def test_a_returned_device_other_than_the_request_is_a_failure(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    oracle = backends.get("torch")
+
+    def returns_on_meta(q, k, v, u, *, config, initial_state=None):
+        o, state = oracle(q, k, v, u, config=config, initial_state=initial_state)
+        return o.to("meta"), state
+
+    report = validate(
+        returns_on_meta,
+        bounds=SMALL,
+        array="torch",
+        dtype="float32",
+        max_examples=3,
+        seed=0,
+        failure_dir=tmp_path,
+    )
+    failure = report.failures[0]
+    assert failure.kind == "device" and "meta" in failure.message
+    assert torch  # imported for the backend
+
+
+def test_the_carry_check_cuts_anywhere_with_start(tmp_path) -> None:
+    """A kernel that takes start but ignores it restarts its nudge clock on the second half:
+    only a cut off a multiple of the period, with start passed, shows it."""
+
+    def ignores_start(q, k, v, u, *, config, initial_state=None, start=0):
+        return _correct(q, k, v, u, config=config, initial_state=initial_state)
+
+    report = validate(
+        ignores_start,
+        bounds=SMALL,
+        config=VLAConfig(nudge_period=5),
+        max_examples=100,
+        seed=0,
+        failure_dir=tmp_path,
+    )
+    failure = report.failures[0]
+    assert failure.kind == "carry" and "start=" in failure.message, failure.describe()
+    assert failure.cut % 5 != 0
+    # Without start the same kernel is checked at multiples of the period only, and told so.
+    quiet = validate(
+        _correct, bounds=SMALL, config=VLAConfig(nudge_period=5), max_examples=30, seed=0
+    )
+    assert quiet.passed and any("start" in n for n in quiet.notes), quiet.summary()
+
+
+def test_the_cli_replays_a_saved_failure(tmp_path, monkeypatch, capsys) -> None:
+    from vla_verify.cli import main
+
+    (tmp_path / "mykernel.py").write_text(
+        "from vla_verify import backends\n"
+        "_o = backends.get('numpy')\n"
+        "def late(q, k, v, u, *, config, initial_state=None):\n"
+        "    o, s = _o(q, k, v, u, config=config, initial_state=initial_state)\n"
+        "    o[:, 3:] *= 1.001\n"
+        "    return o, s\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(
+        [
+            "check",
+            "mykernel:late",
+            "--quiet",
+            "--seed",
+            "3",
+            "--profile",
+            "quick",
+            "--failure-dir",
+            str(tmp_path / "f"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1 and out.count("seed=") == 1
+    line = next(ln for ln in out.splitlines() if "replay: vla-verify check" in ln)
+    args = line.split("replay: vla-verify ", 1)[1].split()
+    assert main(args) == 1
+    again = capsys.readouterr().out
+    assert "T=4" in again and "FAILED" in again
+
+
+def validate_replay(path, fn):
+    from vla_verify.validation import replay
+
+    return replay(path, fn)
+
+
+def test_an_example_beyond_the_references_reach_is_counted_not_judged(monkeypatch) -> None:
+    """Where the oracle raises IllConditionedError, validate neither fails nor passes the
+    example on that reference: it counts it.  A kernel wrong only there is not blamed."""
+    from vla_verify import validation
+    from vla_verify.errors import IllConditionedError
+
+    real = validation.recurrence
+
+    def vouches_for_short_sequences_only(q, *args, **kwargs):
+        if q.shape[1] > 4:
+            raise IllConditionedError("test stand-in", step=5, figure="delta", estimate=1.0)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "recurrence", vouches_for_short_sequences_only)
+
+    def wrong_past_four_tokens(q, k, v, u, *, config, initial_state=None):
+        o, state = _correct(q, k, v, u, config=config, initial_state=initial_state)
+        o[:, 4:] += 1.0
+        return o, state
+
+    report = validate(wrong_past_four_tokens, bounds=SMALL, max_examples=20, seed=0)
+    assert report.passed and report.beyond_reach > 0, report.summary()
+    assert "beyond the reference's reach" in report.summary()
+
+
+def test_check_help_documents_every_option_with_its_default(capsys) -> None:
+    from vla_verify.cli import build_parser
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in (
+        "--max-dk MAX_DK largest head width dk and dv drawn (default: 128)",
+        "--max-T MAX_T longest sequence drawn (default: 640)",
+        "--max-batch MAX_BATCH largest B·H drawn (default: 6)",
+        "(default: default)",
+        "--sweep-config",
+        "--replay FILE",
+        "--factor FACTOR",
+    ):
+        assert option in text, option
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "no_such_module_anywhere:fn"],
+        ["check", "numpy", "--max-dk", "0"],
+        ["check", "numpy", "--factor", "-1"],
+        ["check", "numpy", "--max-examples", "0"],
+        ["check", "numpy", "--replay", "/no/such/failure.npz"],
+    ],
+)
+def test_check_usage_errors_exit_2_before_any_example(argv, capsys) -> None:
+    from vla_verify.cli import main
+
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "vla-verify: error:" in err and "examples" not in capsys.readouterr().out

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .arrays import ARRAY_LIBRARIES
 from .backends import available, get
+from .check_command import CHECK_DESCRIPTION, add_check_arguments, run_check
 from .errors import BackendUnavailableError, VLAError, VLAInputError
 from .progress import ProgressBar
 from .properties.strategies import ShapeBounds
-from .spec import FLOAT_DTYPES, VARIANTS, VLAConfig
+from .spec import VLAConfig
 from .validation import ValidationReport, validate
 
 __all__ = ["build_parser", "conformance", "main", "parse_config"]
@@ -94,25 +94,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    fn = _load_function(args.target)
-    config = parse_config(args.exact, args.set)
-    bar = ProgressBar(f"check {args.target}", args.max_examples, enabled=not args.quiet)
-    report = validate(
-        fn,
-        config=config,
-        variant=args.variant,
-        array=args.array,
-        dtype=args.dtype,
-        device=args.device,
-        max_examples=args.max_examples,
-        seed=args.seed,
-        chunk_size=args.chunk_size,
-        progress=bar,
-    )
-    bar.close()
-    report.name = args.target
-    print(report.summary())
-    return 0 if report.passed else 1
+    return run_check(args)
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -365,30 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
-        "check",
-        help="validate MODULE:FUNC against the float64 oracle",
-        description="Validate an implementation fn(q, k, v, u, *, config, "
-        "initial_state=None) -> o | (o, (S, A, z)) against the oracle. Exit 0 if "
-        "it passed, 1 if it failed (the shrunk counterexample is printed), 2 on a "
-        "usage error.",
+        "check", help="validate MODULE:FUNC against the oracle", description=CHECK_DESCRIPTION
     )
-    p.add_argument("target", metavar="MODULE:FUNC")
-    p.add_argument("--variant", choices=VARIANTS, default="vla")
-    p.add_argument("--array", choices=ARRAY_LIBRARIES, default="numpy")
-    p.add_argument("--dtype", choices=FLOAT_DTYPES, default="float64")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-examples", type=int, default=100)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--chunk-size",
-        type=int,
-        default=None,
-        metavar="C",
-        help="declare a chunked implementation's chunk length: its sums run over dk + C terms, "
-        "and the float32/float64 floor of the error budget grows with them",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_config_options(p)
+    add_check_arguments(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("backends", help="list the registry: what runs here and why not")

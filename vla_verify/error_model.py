@@ -80,6 +80,11 @@ class SliceComparison:
     worst_index: tuple[int, ...]  # index into the full array of the worst element
     got_at_worst: float
     ref_at_worst: float
+    #: The budget's terms per slice: ``budget = multiplier · baseline + floor`` (``multiplier``
+    #: is ``factor``, or ``factor + 1`` in float64; ``baseline`` is ``err_p``).
+    baseline: np.ndarray | None = None
+    floor: np.ndarray | None = None
+    multiplier: float = DEFAULT_FACTOR
 
     @property
     def passed(self) -> bool:
@@ -126,11 +131,20 @@ def compare(
         floor = max(terms + 2, 2) * eps * magnitude
     else:
         floor = 2.0 * eps * magnitude
+    multiplier = factor + 1.0 if dtype == "float64" else factor
     if dtype == "float64":
         base = base * (unit_roundoff("float64") / unit_roundoff("float32"))
-        budget = (factor + 1.0) * base + floor
-    else:
-        budget = factor * base + floor
+    budget = multiplier * base + floor
     flat = int(np.argmax(diff))
     worst = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
-    return SliceComparison(name, error, budget, worst, float(got[worst]), float(ref[worst]))
+    return SliceComparison(
+        name,
+        error,
+        budget,
+        worst,
+        float(got[worst]),
+        float(ref[worst]),
+        baseline=base,
+        floor=np.broadcast_to(floor, budget.shape),
+        multiplier=multiplier,
+    )

@@ -850,20 +850,6 @@ def oracle_agreement(
     )
 
 
-def _carry_cut(split: int, T: int, period: int | None) -> int | None:
-    """A cut in ``1..T-1`` for which a carried state continues the nudge clock (spec §4: the
-    state does not carry the step counter, so cuts are multiples of ``nudge_period`` unless no
-    nudge falls after the cut)."""
-    if T < 2:
-        return None
-    if period is None or T < period:
-        return min(max(split, 1), T - 1)
-    cut = period * max(1, round(split / period))
-    while cut >= T:
-        cut -= period
-    return cut if cut >= 1 else None
-
-
 def state_carry(
     case: Case,
     config: VLAConfig,
@@ -882,13 +868,13 @@ def state_carry(
     ``split`` moved onto a multiple of ``nudge_period``.
     """
     from ..error_model import compare
-    from ..validation import same_precision_runs
+    from ..validation import carry_cut, same_precision_runs
 
     name = "state_carry"
     b = resolve_backend(backend, variant)
     T = case.shapes[1]
     if cut is None:
-        cut = _carry_cut(case.split, T, config.nudge_period)
+        cut = carry_cut(case.split, T, config.nudge_period)
     if cut is None or not 1 <= cut < T:
         return InvariantResult(name, True, 0.0, 0.0, f"T={T}: no valid cut; nothing to judge")
     inputs = (case.q, case.k, case.v, case.u)

@@ -50,16 +50,20 @@ __all__ = [
     "STATE_REGIMES",
     "VALUE_REGIMES",
     "Case",
+    "ConformanceSizes",
     "ShapeBounds",
     "bounded_cases",
+    "carry_splits",
     "cases",
     "claim_cases",
+    "conformance_cases",
     "hard_cases",
     "ill_conditioned_penalties",
     "initial_states",
     "long_cases",
     "near_parallel_keys",
     "safe_target",
+    "swept_configs",
 ]
 
 # The default regimes of ``cases`` (what ``validate`` draws from; unchanged so that validation
@@ -332,6 +336,33 @@ def cases(
     )
     dk = draw(st.integers(1, bounds.max_dk), label="dk")
     dv = draw(st.integers(1, bounds.max_dv), label="dv")
+    return _draw_values(
+        draw,
+        config,
+        (B, T, H, dk, dv),
+        st.integers(1, T - 1) if T >= 2 else st.just(1),
+        key_regimes=key_regimes,
+        penalty_regimes=penalty_regimes,
+        query_regimes=query_regimes,
+        value_regimes=value_regimes,
+        state_regimes=state_regimes,
+    )
+
+
+def _draw_values(
+    draw: st.DrawFn,
+    config: VLAConfig,
+    shapes: tuple[int, int, int, int, int],
+    splits: st.SearchStrategy[int],
+    *,
+    key_regimes: tuple[str, ...],
+    penalty_regimes: tuple[str, ...],
+    query_regimes: tuple[str, ...],
+    value_regimes: tuple[str, ...],
+    state_regimes: tuple[str, ...],
+) -> Case:
+    """The regimes, the value seed and the split of a case whose sizes are drawn; the arrays."""
+    B, T, H, dk, dv = shapes
     regimes = {
         "keys": draw(st.sampled_from(key_regimes), label="keys"),
         "penalties": draw(st.sampled_from(penalty_regimes), label="penalties"),
@@ -340,7 +371,7 @@ def cases(
         "initial_state": draw(st.sampled_from(state_regimes), label="initial_state"),
     }
     seed = draw(st.integers(0, 2**32 - 1), label="seed")
-    split = draw(st.integers(1, T - 1), label="split") if T >= 2 else 1
+    split = draw(splits, label="split") if T >= 2 else 1
     rng = np.random.default_rng(seed)
     shape = (B, T, H, dk)
     k_raw = rng.standard_normal(shape)
@@ -354,6 +385,213 @@ def cases(
     else:
         q = make_queries(rng, regimes["queries"], shape)
     return Case(q, k, v, u, state, split, regimes, seed)
+
+
+# -- the conformance checker's sizes (what ``validate`` draws by default) ----------------------
+
+#: The widths kernels tile their key and value blocks by, and ragged widths beside them (a
+#: masked last block, a block count that is not a power of two).  Ascending, so that shrinking
+#: within a list moves to the narrowest width that still fails.
+TILE_WIDTHS = (16, 32, 64, 128)
+RAGGED_WIDTHS = (17, 31, 33, 48, 63, 65, 96, 100, 127)
+#: Chunk lengths of chunked kernels (spec §5) that lengths and carry cuts aim at by default.
+CHUNK_MARKS = (64, 128, 16, 32)
+
+
+@dataclass(frozen=True)
+class ConformanceSizes:
+    """Largest sizes :func:`conformance_cases` draws (spec §1 layouts).
+
+    ``max_dk``/``max_dv``: head widths (``max_dv=None``: as ``max_dk``); ``max_T``: tokens;
+    ``max_batch``: ``B·H``; ``chunk_size``: a chunked kernel's chunk length ``C``, which lengths
+    and carry cuts aim at (multiples of ``C`` and ``C ± 1``).  ``max_work`` caps
+    ``B·H·T·dk·max(dk, dv)`` (the oracle's cost per run) by shortening ``T``, never below two
+    chunks and a token, so that the widest heads still cross chunk boundaries.
+    """
+
+    max_dk: int = 128
+    max_dv: int | None = None
+    max_T: int = 640
+    max_batch: int = 6
+    chunk_size: int | None = None
+    max_work: int = 640 * 64 * 64
+
+    @property
+    def marks(self) -> tuple[int, ...]:
+        """The periods lengths and cuts aim at, repeated by weight: a declared ``C`` about three
+        times in four (first, so that shrinking moves to it), else 64 half the time."""
+        if self.chunk_size is None:
+            return CHUNK_MARKS
+        others = tuple(m for m in CHUNK_MARKS if m != self.chunk_size)
+        return (self.chunk_size,) * 6 + others
+
+
+def _weighted(draw: st.DrawFn, options: list[tuple[str, int]], label: str) -> str:
+    """One of ``options`` (name, weight) drawn with those weights; shrinks to the first."""
+    names = [name for name, weight in options for _ in range(weight) if weight > 0]
+    return draw(st.sampled_from(names), label=label)
+
+
+def _width(draw: st.DrawFn, largest: int, label: str) -> int:
+    """A head width: small (shrinks well) half the time, else a tiling width, a ragged one, or
+    any width up to ``largest``."""
+    tiles = [w for w in TILE_WIDTHS if w <= largest]
+    ragged = [w for w in RAGGED_WIDTHS if w <= largest]
+    kind = _weighted(
+        draw,
+        [
+            ("small", 5),
+            ("tile", 2 if tiles else 0),
+            ("ragged", 2 if ragged else 0),
+            ("any", 1 if largest > 8 else 0),
+        ],
+        f"{label}_kind",
+    )
+    if kind == "tile":
+        return draw(st.sampled_from(tiles), label=label)
+    if kind == "ragged":
+        return draw(st.sampled_from(ragged), label=label)
+    if kind == "any":
+        return draw(st.integers(9, largest), label=label)
+    return draw(st.integers(1, min(8, largest)), label=label)
+
+
+def _near_marks(draw: st.DrawFn, marks: tuple[int, ...], low: int, high: int, label: str) -> int:
+    """A value at or beside a multiple of one of ``marks`` (``m·P + {0, 1, −1}``), in
+    ``[low, high]``; the declared chunk length (first mark) is drawn half the time."""
+    usable = [m for m in marks if m <= high] or [max(1, high)]
+    period = draw(
+        st.sampled_from([usable[0]] * max(1, len(usable) - 1) + usable[1:]), label=f"{label}_P"
+    )
+    multiple = draw(st.integers(1, max(1, high // period)), label=f"{label}_m")
+    offset = draw(st.sampled_from((1, 0, -1)), label=f"{label}_offset")
+    return int(min(max(multiple * period + offset, low), high))
+
+
+def _length(draw: st.DrawFn, sizes: ConformanceSizes) -> int:
+    """A sequence length: short most often; else beside chunk boundaries, any length past one
+    chunk of 128, or anywhere up to 130."""
+    top = sizes.max_T
+    kind = _weighted(
+        draw,
+        [("short", 4), ("medium", 2), ("boundary", 3), ("long", 1 if top > 129 else 0)],
+        "T_kind",
+    )
+    if kind == "medium":
+        return draw(st.integers(1, min(130, top)), label="T")
+    if kind == "boundary":
+        return _near_marks(draw, sizes.marks, 1, top, "T")
+    if kind == "long":
+        return draw(st.integers(129, top), label="T")
+    return draw(st.integers(1, min(16, top)), label="T")
+
+
+def _batch_heads(draw: st.DrawFn, largest: int) -> tuple[int, int]:
+    """``(B, H)`` with ``B·H <= largest``: one slice most often, else two by two, or many batch
+    elements (B > 2), or many heads (H > 2)."""
+    kind = _weighted(
+        draw,
+        [
+            ("single", 4),
+            ("pairs", 2 if largest >= 2 else 0),
+            ("batch", 2 if largest >= 3 else 0),
+            ("heads", 2 if largest >= 3 else 0),
+        ],
+        "BH_kind",
+    )
+    if kind == "pairs":
+        return draw(st.integers(1, 2), label="B"), draw(
+            st.integers(1, max(1, min(2, largest // 2))), label="H"
+        )
+    if kind == "batch":
+        B = draw(st.integers(3, largest), label="B")
+        return B, draw(st.integers(1, largest // B), label="H")
+    if kind == "heads":
+        H = draw(st.integers(3, largest), label="H")
+        return draw(st.integers(1, largest // H), label="B"), H
+    return 1, 1
+
+
+def carry_splits(T: int, marks: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """Where a state-carry check cuts a sequence of ``T >= 2`` tokens: anywhere, or at and
+    beside multiples of ``marks`` (chunk boundaries: a kernel's carried state is wrong on or
+    just off them)."""
+    if T < 2:
+        return st.just(1)
+
+    @st.composite
+    def near(draw: st.DrawFn) -> int:
+        return _near_marks(draw, marks, 1, T - 1, "split")
+
+    return st.one_of(st.integers(1, T - 1), near())
+
+
+@st.composite
+def conformance_cases(
+    draw: st.DrawFn,
+    config: VLAConfig | None = None,
+    sizes: ConformanceSizes | None = None,
+) -> Case:
+    """What :func:`vla_verify.validate` draws by default: sizes that reach a kernel's structure
+    (tiling widths 16…128 and ragged widths beside them, lengths across several chunks of 64
+    and 128, ``B·H`` up to 6 with ``B > 2`` or ``H > 2``, ``dk != dv`` two times in three),
+    mostly small so that a failure shrinks to a small example, and the regimes of :func:`cases`.
+    """
+    config = VLAConfig() if config is None else config
+    sizes = ConformanceSizes() if sizes is None else sizes
+    B, H = _batch_heads(draw, sizes.max_batch)
+    dk = _width(draw, sizes.max_dk, "dk")
+    same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
+    max_dv = sizes.max_dk if sizes.max_dv is None else sizes.max_dv
+    dv = min(dk, max_dv) if same else _width(draw, max_dv, "dv")
+    T = _length(draw, sizes)
+    # The cost cap shortens only the widest, most batched examples, and keeps two chunks.
+    floor_T = 2 * (sizes.chunk_size or max(CHUNK_MARKS)) + 2
+    cap = max(floor_T, sizes.max_work // (B * H * dk * max(dk, dv)))
+    T = min(T, cap, sizes.max_T)
+    return _draw_values(
+        draw,
+        config,
+        (B, T, H, dk, dv),
+        carry_splits(T, sizes.marks),
+        key_regimes=KEY_REGIMES,
+        penalty_regimes=PENALTY_REGIMES,
+        query_regimes=QUERY_REGIMES,
+        value_regimes=VALUE_REGIMES,
+        state_regimes=STATE_REGIMES,
+    )
+
+
+#: Values the configuration sweep draws (spec §2.2), the paper preset's first.
+SWEEP_LAMBDA0 = (0.1, 1e-3, 1e-2, 1.0, 10.0, 100.0)
+SWEEP_NUDGE_PERIODS: tuple[int | None, ...] = (20, None, 1, 3, 7, 48, 96)
+SWEEP_NUDGE_ETA = (1e-3, 0.0, 1e-1)
+SWEEP_SM_FLOOR = (1e-4, 1e-12, 0.5, 4.0)
+SWEEP_OUT_EPS = (1e-4, 1e-12, 1.0)
+
+
+@st.composite
+def swept_configs(draw: st.DrawFn, given: VLAConfig, variant: str = "vla") -> VLAConfig:
+    """The configuration ``given`` or, two times in three, one drawn across spec §2.2: ``λ0``
+    over decades, nudge periods 1, 3, 7 and ones that do not divide a chunk of 64 (48, 96),
+    no nudges, nudge sizes 0…0.1, both normalisations, tiny and large floors
+    (``sm_floor`` up to 4, above the ``δ = 1 + uᵀAu >= 1`` of an SPD chain, so that it acts;
+    ``out_eps``).  A kernel that ignores a field of :class:`VLAConfig` is then
+    compared with the oracle under a value it does not use.  ``variant="rls"`` keeps no nudges.
+    """
+    if _weighted(draw, [("given", 1), ("swept", 2)], "config_kind") == "given":
+        return given
+    period = draw(st.sampled_from(SWEEP_NUDGE_PERIODS), label="nudge_period")
+    return VLAConfig(
+        lambda0=draw(st.sampled_from(SWEEP_LAMBDA0), label="lambda0"),
+        sm_floor=draw(st.sampled_from(SWEEP_SM_FLOOR), label="sm_floor"),
+        nudge_eta=draw(st.sampled_from(SWEEP_NUDGE_ETA), label="nudge_eta"),
+        nudge_period=None if variant == "rls" else period,
+        normalize_gate=draw(st.sampled_from((True, False)), label="normalize_gate"),
+        normalize_output=draw(st.sampled_from((True, False)), label="normalize_output"),
+        out_eps=draw(st.sampled_from(SWEEP_OUT_EPS), label="out_eps"),
+        norm_eps=given.norm_eps,
+    )
 
 
 # -- composable presets ----------------------------------------------------------------------
