@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
 import triton.language as tl
 
 from ..errors import DeviceError, UnsupportedConfigurationError
@@ -108,8 +107,15 @@ def availability_reason() -> str | None:
     return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
 
 
+# Plain integer helpers: triton.cdiv and triton.next_power_of_2 are Triton functions, about 14 µs
+# of host time per call outside a kernel.
 def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
+    """The tile width of a head dim: the next power of two, at least 16 (``tl.dot``'s least)."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _acc(dtype: torch.dtype) -> tuple[torch.dtype, Any]:
@@ -286,7 +292,7 @@ def _block_v(B: int, H: int, dv: int, device: torch.device, gate_programs: bool)
         return bv
     sms = _sm_count(device)
     gates = B * H if gate_programs else 0
-    while bv > 16 and gates + B * H * triton.cdiv(dv, bv // 2) <= sms:
+    while bv > 16 and gates + B * H * _cdiv(dv, bv // 2) <= sms:
         bv //= 2
     return bv
 
@@ -380,6 +386,7 @@ class _Run:
     downdate: Downdate
     start: int  # the nudge clock, reduced modulo the period
     bug: Bug
+    state_dtype: torch.dtype | None = None  # of the returned state; None: accumulation dtype
 
 
 def _clock(config: VLAConfig, start: int) -> tuple[int, int]:
@@ -399,19 +406,22 @@ def _forward(
     state0: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     run: _Run,
     save_checkpoints: bool,
+    state_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
     """The forward: one streamed launch per segment (one segment unless the per-token gate
     buffers would pass :data:`_FORWARD_FLOATS`).  Returns ``o``, the final ``(S, A, z)`` (views
-    of the kernels' transposed buffers, accumulation dtype) and the checkpoints."""
+    of the kernels' transposed buffers, in ``state_dtype``, default the accumulation dtype:
+    the last launch rounds them as it stores them, no cast kernels after it) and the
+    checkpoints."""
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     plan, config, every = run.plan, run.config, run.checkpoint_every
     bk, bv = _pow2(dk), plan.block_v
-    nv = triton.cdiv(dv, bv)
+    nv = _cdiv(dv, bv)
     BH = B * H
-    nc = triton.cdiv(T, every)
+    nc = _cdiv(T, every)
     period, start = _clock(config, run.start)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     ck = None
@@ -433,9 +443,10 @@ def _forward(
     for t_begin in range(0, T, seg):
         n = min(seg, T - t_begin)
         has_init = state0 is not None or t_begin > 0
-        s_out = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
-        a_out = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
-        z_out = torch.empty(B, H, dk, dtype=acc, device=dev)
+        out = acc if state_dtype is None or t_begin + n < T else state_dtype
+        s_out = torch.empty(B, H, dk, dv, dtype=out, device=dev)
+        a_out = torch.empty(B, H, dk, dk, dtype=out, device=dev)
+        z_out = torch.empty(B, H, dk, dtype=out, device=dev)
         if not has_init:
             s_in, a_in, z_in = s_out, a_out, z_out  # unread
         cks, cka, ckz = ck if ck is not None else (s_out, a_out, z_out)  # unused without
@@ -495,8 +506,8 @@ def _backward(
     dev = q.device
     plan, config, every = run.plan, run.config, run.checkpoint_every
     bk, bv = _pow2(dk), plan.bwd_block_v
-    nv = triton.cdiv(dv, bv)
-    nc = triton.cdiv(T, every)
+    nv = _cdiv(dv, bv)
+    nc = _cdiv(T, every)
     seg = _SEGMENT_FLOATS // (4 * nv * BH * bk)
     seg = max(every, seg // every * every)
     cks, cka, ckz = ck
@@ -579,7 +590,7 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         state0 = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[:7])
-        o, (sT, aT, zT), ck = _forward(q, k, v, u, state0, run, save)  # type: ignore[arg-type]
+        o, (sT, aT, zT), ck = _forward(q, k, v, u, state0, run, save, run.state_dtype)  # type: ignore[arg-type]
         if save:
             assert ck is not None
             ctx.save_for_backward(q, k, v, u, *ck)
@@ -650,8 +661,10 @@ def _apply(
     downdate: str,
     plan: RecurrentPlan | None,
     bug: Bug,
+    state_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """:func:`fused_recurrent_vla` after the layout checks (shapes, dtypes, ``start``)."""
+    """:func:`fused_recurrent_vla` after the layout checks (shapes, dtypes, ``start``); the
+    final state in ``state_dtype`` (default the accumulation dtype)."""
     _check_run(q, v)
     if not _is_int(checkpoint_every) or checkpoint_every < 1:
         raise UnsupportedConfigurationError(
@@ -681,13 +694,15 @@ def _apply(
         downdate=Downdate.EXACT if q.dtype == torch.float64 else DOWNDATES[downdate],
         start=start,
         bug=bug,
+        state_dtype=state_dtype,
     )
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))
     S0 = A0 = z0 = None
     if state:
         S0, A0, z0 = (x.contiguous() for x in state)
     if not training:  # no autograd record, no checkpoints
-        o, final, _ = _forward(q, k, v, u, (S0, A0, z0) if state else None, run, False)  # type: ignore[arg-type]
+        state0 = (S0, A0, z0) if state else None
+        o, final, _ = _forward(q, k, v, u, state0, run, False, run.state_dtype)  # type: ignore[arg-type]
         return o, final  # type: ignore[return-value]
     o, sT, aT, zT = FusedRecurrentVLAFunction.apply(q, k, v, u, S0, A0, z0, run)
     return o, (sT, aT, zT)
@@ -852,9 +867,8 @@ class TritonFusedBackend(Backend):
             base = plan_for(B, H, T, dk, v.shape[-1], q.dtype, q.device, training)
             plan = dataclasses.replace(base, **self._plan_options)
         # The inputs' layouts were checked by Backend.__call__.
-        o, state = _apply(
+        # The state in the inputs' dtype (spec §4), stored so by the kernel: no cast kernels.
+        return _apply(
             q, k, v, u, config, initial_state, start, self.options["checkpoint_every"],
-            self.options["downdate"], plan, Bug.NONE,
+            self.options["downdate"], plan, Bug.NONE, q.dtype,
         )  # fmt: skip
-        dtype = q.dtype
-        return o, tuple(x if x.dtype == dtype else x.to(dtype) for x in state)
