@@ -234,6 +234,7 @@ def _gate_pipelined_t(
         step = step - 1
     nudge = (step % nudge_period == 0) & (step > 0)
     eta = tl.where(nudge, nudge_eta, 0.0)
+    alpha_old = kh  # replaced under the planted bug only (dead code otherwise)
     if BUG == BUG_GATE_FROM_OLD_A:  # α from A_{t-1}: one more pass over the old tile
         alpha_old = _colsum(At * kh[:, None], SPLIT)
         if NUDGE == NUDGE_SCALAR:
