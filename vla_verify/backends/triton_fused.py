@@ -608,16 +608,9 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         q, k, v, u, cks, cka, ckz = ctx.saved_tensors
         acc = _acc(q.dtype)[0]
-        final = tuple(x.to(acc).contiguous() for x in (dsT, daT, dzT))
+        final = (dsT.to(acc).contiguous(), daT.to(acc).contiguous(), dzT.to(acc).contiguous())
         dq, dk_, dv_, du, ds0, da0, dz0 = _backward(
-            q,
-            k,
-            v,
-            u,
-            (cks, cka, ckz),
-            do.contiguous(),
-            final,
-            ctx.run,  # type: ignore[arg-type]
+            q, k, v, u, (cks, cka, ckz), do.contiguous(), final, ctx.run
         )
         grads_state: tuple[torch.Tensor | None, ...] = (None, None, None)
         if ctx.state_dtypes is not None:

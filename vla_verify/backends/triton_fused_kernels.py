@@ -217,9 +217,9 @@ def _gate_pipelined_t(
     ``A`` by ``u_t`` (``A_t = A_{t-1} − s sᵀ/δ``, exactly symmetric: the product ``s_i s_j`` is),
     adds the nudge after step ``step`` of the call (``step % nudge_period == phase``, see
     :func:`_gate_pass`), then reads the updated ``A_t`` once for both ``α_t = A_t k̂_t`` and
-    ``s_{t+1} = A_t u_{t+1}`` (one paired reduction); ``‖α_t‖²``, ``α_tᵀq``, ``u_{t+1}ᵀs_{t+1}`` and the next token's key sums
-    ``‖k_{t+1}‖²``, ``z_{t+1}ᵀq_{t+1}`` (``zk_next = z_t + k_{t+1}``) share a second: two
-    dependent reductions per token.
+    ``s_{t+1} = A_t u_{t+1}`` (one paired reduction); ``‖α_t‖²``, ``α_tᵀq``,
+    ``u_{t+1}ᵀs_{t+1}`` and the next token's key sums ``‖k_{t+1}‖²``, ``z_{t+1}ᵀq_{t+1}``
+    (``zk_next = z_t + k_{t+1}``) share a second: two dependent reductions per token.
 
     ``NUDGE == NUDGE_SCALAR``: ``At`` holds ``B`` with ``A = B + c·I`` (the nudge ``A += η·I``
     is ``c += η``), so ``α_t = B k̂_t + c k̂_t`` and ``s_{t+1} = B u_{t+1} + c u_{t+1}``: a scalar
