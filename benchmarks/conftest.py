@@ -1,4 +1,4 @@
-"""pytest-benchmark configuration for GPU kernels (issue 5).
+"""pytest-benchmark configuration for GPU kernels.
 
 - Machine info gains the GPU name, driver, CUDA, torch, triton and fla versions
   (:func:`vla_verify.bench.machine_info`): pytest-benchmark's own machine id ignores the GPU.
@@ -10,8 +10,10 @@
 
 Regression gate, on the same machine::
 
-    pytest benchmarks --benchmark-autosave                       # store a baseline
-    pytest benchmarks --benchmark-compare --benchmark-compare-fail=median:10%
+    pytest benchmarks --benchmark-only --benchmark-autosave          # store a baseline
+    pytest benchmarks --benchmark-only --benchmark-compare=NNNN --benchmark-compare-fail=median:3%
+
+(``NNNN``: the run number of the stored baseline file under ``results/<gpu>/<machine id>/``.)
 """
 
 from __future__ import annotations

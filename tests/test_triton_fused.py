@@ -1,4 +1,4 @@
-"""The ``triton_fused`` backend (issue 5): the fused recurrent kernel of spec §2.3, fwd and bwd.
+"""The ``triton_fused`` backend: the recurrent Triton kernels of spec §2.3, forward and backward.
 
 Without a GPU these run the same Triton kernels on CPU tensors through the interpreter
 (``TRITON_INTERPRET=1``, set by ``tests/conftest.py`` before Triton is imported), on tiny shapes.
@@ -6,8 +6,10 @@ Without a GPU these run the same Triton kernels on CPU tensors through the inter
 Every numerical check uses the spec §4 error budget (:mod:`vla_verify.error_model`): the forward
 through :func:`vla_verify.validate` / :func:`~vla_verify.validation.evaluate_case` against the
 float64 oracle; the gradients against the float64 PyTorch sequential backend (``torch``), with
-that backend run in float32 as the same-precision baseline.  Meta-tests plant bugs in the kernel
-(gate from the old A, nudge one step late, a dropped backward term) and see them rejected.
+that backend run in float32 as the same-precision baseline.  Meta-tests plant bugs in the kernels'
+default code path (gate from the old A, nudge one step late, the clock restarted at every call, a
+dropped backward term, a fold that drops nudges) and see them rejected.  The plan's options are
+checked to reach the kernel launches.
 
 Hypothesis runs use fixed seeds: the spec §4 criterion compares two roundings of one example, and
 on tiny slices that ratio has a tail; fixed examples keep a red run reproducible.
@@ -15,6 +17,7 @@ on tiny slices that ratio has a tail; fixed examples keep a red run reproducible
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -29,7 +32,9 @@ from vla_verify import VLAConfig, backends, validate  # noqa: E402
 from vla_verify.error_model import compare  # noqa: E402
 from vla_verify.errors import (  # noqa: E402
     BackendUnavailableError,
+    ConfigError,
     DTypeError,
+    NonFiniteError,
     UnsupportedConfigurationError,
 )
 from vla_verify.properties.strategies import Case, ShapeBounds  # noqa: E402
@@ -58,6 +63,15 @@ def _fused():
     from vla_verify.backends import triton_fused
 
     return triton_fused
+
+
+def _plan(x: torch.Tensor, v: torch.Tensor, training: bool = True, **fields):  # type: ignore[no-untyped-def]
+    """The default plan of inputs shaped like ``x`` (``[B, T, H, dk]``) and ``v``, with
+    ``fields`` replaced."""
+    tf = _fused()
+    B, T, H, dk = x.shape
+    base = tf.plan_for(B, H, T, dk, v.shape[-1], x.dtype, x.device, training)
+    return dataclasses.replace(base, **fields)
 
 
 # -- forward against the oracle (spec §4) ------------------------------------------------------
@@ -107,33 +121,157 @@ def test_validate_exact_downdate() -> None:
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [
-        ("downdate", "sloppy"),
-        ("schedule", "three_pass"),
-        ("backward_segment", 0),
-        ("forward_segment", -1),
-        ("split_sums", 3),
-        ("gate", "woodbury"),
-        ("gate_chunk", 48),
-    ],
+    [("downdate", "sloppy"), ("checkpoint_every", 0), ("plan", "fastest")],
 )
-def test_refuses_unknown_option(argument: str, value: object) -> None:
+def test_refuses_bad_argument(argument: str, value: object) -> None:
     tf = _fused()
     x = [torch.ones(1, 2, 1, 2, device=DEVICE) for _ in range(4)]
     with pytest.raises(UnsupportedConfigurationError, match=argument) as info:
         tf.fused_recurrent_vla(*x, **{argument: value})
     assert info.value.argument == argument
+    with pytest.raises(ConfigError, match="start"):
+        tf.fused_recurrent_vla(*x, start=-1)
 
 
-def _kernel(**options):  # type: ignore[no-untyped-def]
-    """:func:`fused_recurrent_vla` with ``options`` as a spec §4 callable (state in the inputs'
-    dtype)."""
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("block_v", 24),
+        ("bwd_block_v", 8),
+        ("split_sums", 3),
+        ("gate_warps", 0),
+        ("nudge_branch", "yes"),
+        ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
+    ],
+)
+def test_refuses_bad_plan(field: str, value: object) -> None:
+    x = torch.ones(1, 2, 1, 2, device=DEVICE)
+    extra = {"nudge_scalar": True} if field == "period_loop" else {}
+    with pytest.raises(UnsupportedConfigurationError, match=field) as info:
+        _plan(x, x, **extra, **{field: value})
+    assert info.value.argument == field
+
+
+def test_plan_for_follows_the_table() -> None:
+    """The default plan is the measured table's row (``_MEASURED``): at BK = 128 the scalar
+    nudge shift, 8 partial sums, vector tile loads, the select; at BK = 64 4 partial sums, plain
+    tile loads, the nudge branch and, without checkpoints only, the period loop; narrower tiles
+    take BK = 64's choices without the period loop.  Every row cites its result files."""
+    from pathlib import Path
+
     tf = _fused()
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    dev = torch.device("cpu")
 
-    def fn(q, k, v, u, *, config, initial_state=None):  # type: ignore[no-untyped-def]
-        o, st = tf.fused_recurrent_vla(
-            q, k, v, u, config=config, initial_state=initial_state, **options
-        )
+    def plan(dk: int, training: bool):  # type: ignore[no-untyped-def]
+        return tf.plan_for(1, 16, 1024, dk, dk, torch.bfloat16, dev, training)
+
+    wide = plan(128, False)
+    assert wide.nudge_scalar and wide.split_sums == 8 and not wide.load_plain
+    assert not wide.period_loop and not wide.nudge_branch and wide.gate_warps == 4
+    assert wide.gate_bwd_warps == 8 and plan(128, True) == wide
+    assert plan(64, False).period_loop and not plan(64, True).period_loop
+    mid = plan(64, True)
+    assert mid.split_sums == 4 and mid.load_plain and mid.nudge_branch and not mid.nudge_scalar
+    assert not plan(32, False).period_loop and plan(5, False).split_sums == 4
+    for bk in (64, 128):
+        assert tf._MEASURED[bk].evidence
+        for name in tf._MEASURED[bk].evidence:
+            assert (results / name).is_file(), name
+
+
+# -- every declared option reaches the kernels ---------------------------------------------------
+
+_KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla_gate_bwd_kernel")
+
+
+class _Recorder:
+    """Stands in for a kernel object: records each launch's grid and keyword arguments
+    (tensors by shape and dtype) instead of running it."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+        def launch(**kwargs):  # type: ignore[no-untyped-def]
+            args = {
+                k: (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else v
+                for k, v in kwargs.items()
+            }
+            self.log.append((self.name, tuple(grid), args))
+
+        return launch
+
+
+def _launches(monkeypatch: pytest.MonkeyPatch, backend, x, config=None) -> list:  # type: ignore[no-untyped-def]
+    """Every kernel launch of a forward and backward through ``backend`` (kernels recorded,
+    not run: the numbers are garbage, the launches are what the options changed)."""
+    tf = _fused()
+    log: list = []
+    with monkeypatch.context() as m:
+        for name in _KERNELS:
+            m.setattr(tf.kernels, name, _Recorder(name, log))
+        xs = [t.clone().requires_grad_() for t in x]
+        o, (S, A, z) = backend(*xs, config=config or VLAConfig(nudge_period=3))
+        torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs)
+    return log
+
+
+def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry's options are the plan's fields plus the semantic ones (no second list),
+    and each, changed alone from the default plan's value, changes what is launched: no option
+    is accepted and dropped."""
+    tf = _fused()
+    be = _backend()
+    semantic = {"checkpoint_every": 2, "downdate": "exact"}
+    options = set(be.capabilities.options)
+    assert options == set(tf.PLAN_FIELDS) | set(semantic) | {"check_finite"}
+    rng = np.random.default_rng(0)
+    x = [torch.tensor(rng.standard_normal((1, 6, 2, d)), dtype=torch.float32, device=DEVICE)
+         for d in (5, 5, 20, 5)]  # fmt: skip
+    plan = _plan(x[0], x[2])
+    changed = {
+        name: (not value) if isinstance(value, bool) else 2 * value
+        for name, value in dataclasses.asdict(plan).items()
+    }
+    default = _launches(monkeypatch, be, x)
+    assert {name for name, _, _ in default} == set(_KERNELS)
+    for option, value in {**semantic, **changed}.items():
+        assert be.options[option] != value, option
+        launched = _launches(monkeypatch, be.bind(**{option: value}), x)
+        assert launched != default, f"option {option}={value!r} changed no launch"
+
+
+def test_check_finite_option_and_unknown_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_finite`` (the option that is a check, not a launch): NaN inputs refused with
+    it, passed to the kernels without (no device sync).  Unknown options, the removed ones
+    among them, are refused by name."""
+    be = _backend()
+    x = [torch.ones(1, 3, 1, 2, device=DEVICE) for _ in range(4)]
+    x[2] = x[2].clone()
+    x[2][0, 1, 0, 0] = float("nan")
+    assert _launches(monkeypatch, be, x)  # launched: no check
+    with pytest.raises(NonFiniteError) as info:
+        be.bind(check_finite=True)(*x)
+    assert info.value.argument == "v"
+    for name in ("schedule", "stream_passes", "gate", "nudge_scalar_walk"):
+        with pytest.raises(UnsupportedConfigurationError, match=name):
+            backends.get("triton_fused", **{name: 1})
+
+
+# -- the plan's choices are the same step --------------------------------------------------------
+
+
+def _kernel(bug: str | None = None, **fields):  # type: ignore[no-untyped-def]
+    """:func:`fused_recurrent_vla` (or its planted-bug twin) with the default plan's ``fields``
+    replaced, as a spec §4 callable (state in the inputs' dtype)."""
+    tf = _fused()
+    run = tf.fused_recurrent_vla if bug is None else tf.with_planted_bug(bug)
+
+    def fn(q, k, v, u, *, config, initial_state=None, start=0, checkpoint_every=64):  # type: ignore[no-untyped-def]
+        plan = _plan(q, v, torch.is_grad_enabled() and q.requires_grad, **fields)
+        o, st = run(q, k, v, u, config=config, initial_state=initial_state, start=start,
+                    checkpoint_every=checkpoint_every, plan=plan)  # fmt: skip
         return o, tuple(x.to(q.dtype) for x in st)
 
     return fn
@@ -173,147 +311,6 @@ def test_initial_and_final_state_dk_ne_dv() -> None:
         assert failure is None, failure.describe()
 
 
-def test_value_blocks_and_checkpoint_every_agree() -> None:
-    """Splitting dv over programs (block_v) recomputes the penalty chain per block: the result
-    must not depend on the split."""
-    tf = _fused()
-    case = _case(2, T=9, dk=4, dv=40, state=False)
-    x = [
-        torch.tensor(a, dtype=torch.float32, device=DEVICE)
-        for a in (case.q, case.k, case.v, case.u)
-    ]
-    o1, s1 = tf.fused_recurrent_vla(*x, block_v=64)
-    o2, s2 = tf.fused_recurrent_vla(*x, block_v=16)
-    assert torch.equal(o1, o2)
-    for a, b in zip(s1, s2, strict=True):
-        assert torch.equal(a, b)
-
-
-#: The two-pass forward in segments of one checkpoint chunk (T = 11: three gate/state pairs).
-FORWARD_SEGMENTS = {"schedule": "two_pass", "forward_segment": 4}
-
-
-@pytest.mark.parametrize("name", ["paper", "nudge3_ungated", "exact_raw_out_floor"])
-def test_two_pass_schedule_is_the_fused_step(name: str) -> None:
-    """The two-pass forward (gate kernel, then state kernel) runs the same operations as the
-    fused one: in the interpreter (one rounding order) outputs and final state are bitwise equal,
-    with dk != dv, several value blocks, a given initial state, and in segments of tokens.  (Its
-    backward sums over value blocks in another order: the gradient tests check it.)"""
-    if CUDA:
-        pytest.skip("bitwise only in the interpreter; on the GPU test_gpu_validate covers it")
-    tf = _fused()
-    case = _case(8, T=11, dk=6, dv=40)
-    results = []
-    # The pipelined gate (the two-pass default) forms s = A u inside another reduction: the same
-    # products and sums, which the interpreter may add in another order (test_validate_two_pass).
-    # split_after_load (default at dk <= 64) splits the sums of a gate kernel that loads A into
-    # interleaved partial sums, another order than the fused kernel's one chain: pinned off.
-    unpiped = {"pipeline_gate": False, "split_after_load": False}
-    for options in (
-        {"schedule": "fused"},
-        {"schedule": "two_pass", **unpiped},
-        {**FORWARD_SEGMENTS, **unpiped},
-    ):
-        xs = [torch.tensor(a, dtype=torch.float32) for a in case.arrays().values()]
-        o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4],
-            config=CONFIGS[name],
-            initial_state=tuple(xs[4:]),
-            block_v=16,
-            checkpoint_every=4,
-            **options,
-        )
-        results.append([o, S, A, z])
-    for other in results[1:]:
-        for a, b in zip(results[0], other, strict=True):
-            assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("pipeline_gate", [False, True], ids=["two_pass", "pipelined_gate"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_validate_two_pass(dtype: str, pipeline_gate: bool) -> None:
-    fn = _kernel(schedule="two_pass", pipeline_gate=pipeline_gate)
-    report = _validate_small(fn, CONFIGS["tiny_out_eps"], dtype, seed=13)
-    assert report.passed, report.summary()
-
-
-#: Forward options that regroup the same operations (split sums) or skip a no-op (the nudge
-#: branch): each must stay inside the spec §4 budget, the nudge branch bit for bit.
-FORWARD_REGROUPINGS = {
-    "one_chain": {"split_sums": 1},
-    "split8_select_nudge": {"split_sums": 8, "nudge_branch": False},
-    "branch_nudge": {"nudge_branch": True},
-    "split2": {"split_sums": 2},
-    "split_after_load": {"split_after_load": True, "forward_segment": 4},
-}
-
-
-@pytest.mark.parametrize("name", list(FORWARD_REGROUPINGS))
-def test_validate_forward_regroupings(name: str) -> None:
-    options = {"schedule": "two_pass", **FORWARD_REGROUPINGS[name]}
-    report = _validate_small(_kernel(**options), CONFIGS["nudge3_ungated"], "float32", seed=17)
-    assert report.passed, report.summary()
-
-
-# -- the chunked gate pass (spec §5 Woodbury/LDLᵀ in float64) -------------------------------------
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_validate_chunked_gate_every_config(name: str) -> None:
-    """The chunked gate honours every VLAConfig field: nudges end chunks, floors clamp pivots."""
-    fn = _kernel(schedule="two_pass", gate="chunked", gate_chunk=16)
-    report = _validate_small(fn, CONFIGS[name], "float32", seed=23)
-    assert report.passed, report.summary()
-
-
-def test_validate_chunked_gate_bfloat16_segments_checkpoints() -> None:
-    """bfloat16 inputs; chunks of 32 cut by a forward segment of 4 tokens and checkpoints every
-    4 (so chunks of every length 1..4 occur); gradients through its checkpoints."""
-    fn = _kernel(schedule="two_pass", gate="chunked", gate_chunk=32, forward_segment=4,
-                 checkpoint_every=4)  # fmt: skip
-    report = _validate_small(fn, CONFIGS["tiny_out_eps"], "bfloat16", seed=29)
-    assert report.passed, report.summary()
-
-
-def test_chunked_gate_checkpoints_and_gradients_match_recurrent() -> None:
-    """The chunked forward stores checkpoints the recurrent backward reruns from: gradients agree
-    with the recurrent forward's to float32 rounding (a misplaced checkpoint would not)."""
-    tf = _fused()
-    case = _case(12, T=21, dk=6, dv=5)
-    grads = []
-    for gate in ("recurrent", "chunked"):
-        xs = [
-            torch.tensor(a, dtype=torch.float64).float().requires_grad_()
-            for a in case.arrays().values()
-        ]
-        o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], config=VLAConfig(nudge_period=5), initial_state=tuple(xs[4:]),
-            schedule="two_pass", gate=gate, checkpoint_every=8,
-        )  # fmt: skip
-        grads.append(torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs))
-    for name, a, b in zip(_GRAD_NAMES, *grads, strict=True):
-        scale = 1.0 + float(b.abs().max())
-        assert float((a - b).abs().max()) < 1e-4 * scale, name
-
-
-def test_chunked_gate_float64_keeps_the_recurrent_gate() -> None:
-    """float64 inputs take the recurrent gate (a float64 Woodbury chain is outside the float64
-    budget): the result is bitwise the recurrent one."""
-    tf = _fused()
-    case = _case(13, T=9, dk=4, dv=3, state=False)
-    x = [torch.tensor(a, dtype=torch.float64) for a in (case.q, case.k, case.v, case.u)]
-    o1, _ = tf.fused_recurrent_vla(*x, schedule="two_pass", gate="chunked")
-    o2, _ = tf.fused_recurrent_vla(*x, schedule="two_pass")
-    assert torch.equal(o1, o2)
-
-
-STREAM_CASES = {
-    "one_launch": {},
-    "segments_and_checkpoints": {"forward_segment": 4, "checkpoint_every": 4},
-    "split_after_load": {"forward_segment": 4, "checkpoint_every": 2, "split_after_load": True},
-}  # fmt: skip
-
-
 def _assert_same_bits(runs: list[list[torch.Tensor]], T: int, compiled: bool = CUDA) -> None:
     """Two runs of one computation under two options: the same bits in the interpreter (one
     program, the same operations in the same order); on a GPU, where the two are compiled
@@ -326,6 +323,7 @@ def _assert_same_bits(runs: list[list[torch.Tensor]], T: int, compiled: bool = C
         return
     budget = 64 * float(np.finfo(np.float32).eps) * T
     for a, b in zip(a_run, b_run, strict=True):
+        a, b = a.detach(), b.detach()
         assert float((a - b).abs().max()) <= budget * (float(a.abs().max()) or 1.0)
 
 
@@ -342,182 +340,190 @@ def test_same_bits_check_rejects_a_difference() -> None:
         _assert_same_bits([[a], [a.flip(0) * 0.01]], T=13, compiled=True)
 
 
-@pytest.mark.parametrize("name", list(STREAM_CASES))
-def test_streamed_passes_are_the_two_kernels(name: str) -> None:
-    """``stream_passes`` (one launch, state programs reading the gates behind the gate
-    programs) runs the two kernels' operations: the same bits for outputs, final state and, in
-    a training forward, every gradient (the backward reruns from the checkpoints the streamed
-    forward stored), with several value blocks and a given initial state (within 64·u·T on a
-    GPU: :func:`_assert_same_bits`)."""
-    tf = _fused()
-    case = _case(10, T=11, dk=6, dv=40)
+def test_value_blocks_agree() -> None:
+    """Splitting dv over state programs (``block_v``) must not change the result."""
+    case = _case(2, T=9, dk=4, dv=40, state=False)
+    x = [
+        torch.tensor(a, dtype=torch.float32, device=DEVICE)
+        for a in (case.q, case.k, case.v, case.u)
+    ]
     runs = []
-    for stream in (False, True):
-        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
-              for a in case.arrays().values()]  # fmt: skip
-        o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
-            schedule="two_pass", block_v=16, stream_passes=stream, **STREAM_CASES[name],
-        )  # fmt: skip
-        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
-        runs.append([o, S, A, z, *grads])
+    for bv in (64, 16):
+        o, st = _fused().fused_recurrent_vla(*x, plan=_plan(x[0], x[2], False, block_v=bv))
+        runs.append([o, *st])
     _assert_same_bits(runs, case.shapes[1])
 
 
-def test_streamed_checkpointed_forward_keeps_split_sums() -> None:
-    """The streamed training forward (checkpoints stored, no initial state) splits its column
-    sums even where the tile is not loaded plainly (``split_after_load=False``, the dk = 128
-    default): outputs, final state and every gradient (the backward reruns from those
-    checkpoints) agree with one chain within 64·u·T (a regrouping of the same sums)."""
+def _forward_and_grads(fn, case: Case, config: VLAConfig, **kw) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Outputs, final state and every input gradient of one float32 run of ``fn``."""
+    xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+          for a in case.arrays().values()]  # fmt: skip
+    o, st = fn(*xs[:4], config=config, initial_state=tuple(xs[4:]), **kw)
+    grads = torch.autograd.grad((o * 1.5).sum() + st[0].sum() + st[1].sum() - st[2].sum(), xs)
+    return [o, *st, *grads]
+
+
+def _segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward in segments of one checkpoint chunk each (the memory bounds that
+    cut long inputs, shrunk)."""
+    tf = _fused()
+    monkeypatch.setattr(tf, "_FORWARD_FLOATS", 1)
+    monkeypatch.setattr(tf, "_SEGMENT_FLOATS", 1)
+
+
+def test_forward_segments_are_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward cut into segments (one launch each, the state carried through memory) gives
+    the single launch's outputs, final state and, through the checkpoints, gradients (within
+    64·u·T: a later segment forms its first ``A u`` apart from the loop's paired sum)."""
+    case = _case(10, T=11, dk=6, dv=40)
+    config = VLAConfig(nudge_period=3)
+    whole = _forward_and_grads(_kernel(), case, config, checkpoint_every=4)
+    _segments(monkeypatch)
+    cut = _forward_and_grads(_kernel(), case, config, checkpoint_every=4)
+    _assert_same_bits([whole, cut], case.shapes[1], compiled=True)
+
+
+def test_checkpointed_forward_keeps_split_sums() -> None:
+    """The training forward (checkpoints stored, no initial state) splits its column sums even
+    where the tile is not loaded plainly (``load_plain=False``, the dk = 128 choice): outputs,
+    final state and every gradient agree with one chain within 64·u·T (a regrouping of the same
+    sums)."""
     tf = _fused()
     case = _case(12, T=13, dk=6, dv=5, state=False)
     runs = []
     for split in (1, 4):
         xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
               for a in (case.q, case.k, case.v, case.u)]  # fmt: skip
+        plan = _plan(xs[0], xs[2], load_plain=False, split_sums=split)
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs, config=VLAConfig(nudge_period=3), schedule="two_pass", checkpoint_every=4,
-            split_after_load=False, split_sums=split, backward_segment=8,
-        )  # fmt: skip
+            *xs, config=VLAConfig(nudge_period=3), checkpoint_every=4, plan=plan
+        )
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         runs.append([o, S, A, z, *grads])
     _assert_same_bits(runs, case.shapes[1], compiled=True)
 
 
-@pytest.mark.parametrize("segment", [None, 4], ids=["one_segment", "segments_of_4"])
-def test_key_ahead_is_the_key_step(segment: int | None) -> None:
-    """``key_ahead`` (each next token's key sums inside the gate's last reduction) gives the
-    bits of the key step it replaces: outputs, final state and, through the backward's rerun of
-    the gate, every gradient; with segments and checkpoints, so the carried key crosses them
-    (within 64·u·T on a GPU: :func:`_assert_same_bits`)."""
-    tf = _fused()
-    case = _case(11, T=13, dk=5, dv=7)
-    out = []
-    for ahead in (False, True):
-        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
-              for a in case.arrays().values()]  # fmt: skip
-        o, st = tf.fused_recurrent_vla(
-            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
-            schedule="two_pass", key_ahead=ahead, forward_segment=segment, checkpoint_every=4,
-        )  # fmt: skip
-        grads = torch.autograd.grad((o * 1.5).sum() + st[0].sum() + st[1].sum() - st[2].sum(), xs)
-        out.append([o, *st, *grads])
-    _assert_same_bits(out, case.shapes[1])
-
-
 @pytest.mark.parametrize(
-    ("period", "segment", "bug"),
-    [
-        (3, None, None),
-        (1, 4, None),
-        (5, 4, None),
-        (None, None, None),
-        (4, None, "nudge_one_step_late"),
-    ],
-    ids=["period3", "every_step_segments", "period5_segments", "never", "planted_late_nudge"],
+    ("period", "start", "segments"),
+    [(3, 2, False), (1, 0, True), (None, 0, False)],
+    ids=["period3_start2", "every_step_segments", "never"],
 )
-def test_period_loop_is_the_select(period, segment, bug) -> None:  # type: ignore[no-untyped-def]
+def test_period_loop_is_the_select(monkeypatch, period, start, segments) -> None:  # type: ignore[no-untyped-def]
     """``period_loop`` (tokens between nudges compiled without the nudge, nudge tokens with it)
     gives the bits of the select over the tile: outputs, final state, and every gradient (the
-    backward's rerun takes it too), for nudges every 1, 3, 5 steps or never, across segments
-    and checkpoints, and with the planted late nudge (the loop follows the kernel's own rule);
-    within 64·u·T on a GPU (:func:`_assert_same_bits`)."""
-    tf = _fused()
+    backward's rerun takes it too), for nudges every 1 or 3 steps or never, with a shifted
+    clock, across segments and checkpoints; within 64·u·T on a GPU."""
     case = _case(14, T=13, dk=5, dv=7)
     config = VLAConfig(nudge_period=period, nudge_eta=0.05)
-    out = []
-    for loop in (False, True):
-        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
-              for a in case.arrays().values()]  # fmt: skip
-        o, st = tf.fused_recurrent_vla(
-            *xs[:4], config=config, initial_state=tuple(xs[4:]), schedule="two_pass",
-            period_loop=loop, forward_segment=segment, checkpoint_every=4, planted_bug=bug,
-        )  # fmt: skip
-        grads = torch.autograd.grad((o * 1.5).sum() + st[0].sum() + st[1].sum() - st[2].sum(), xs)
-        out.append([o, *st, *grads])
+    if segments:
+        _segments(monkeypatch)
+    out = [
+        _forward_and_grads(_kernel(period_loop=loop, nudge_branch=False), case, config, start=start)
+        for loop in (False, True)
+    ]
     _assert_same_bits(out, case.shapes[1])
-
-
-def test_period_loop_and_split_defaults() -> None:
-    """The defaults follow what the H200 measured (``_period_loop``, ``_gate_split``): the
-    period loop only at BK = 64 and only without checkpoints; 8 partial sums at BK = 128, 4
-    below; one chain wherever the gate loads or stores its tile; an explicit option wins."""
-    from vla_verify.backends import triton_fused as tf
-
-    assert tf._period_loop(None, 64, False) and not tf._period_loop(None, 64, True)
-    assert not tf._period_loop(None, 128, False) and not tf._period_loop(None, 32, False)
-    assert tf._period_loop(True, 128, True) and not tf._period_loop(False, 64, False)
-    assert tf._gate_split(None, 128, False) == 8 and tf._gate_split(None, 64, False) == 4
-    assert tf._gate_split(None, 16, False) == 4 and tf._gate_split(None, 128, True) == 1
-    assert tf._gate_split(2, 128, False) == 2 and tf._gate_split(32, 8, False) == 8
 
 
 def test_nudge_branch_is_the_select() -> None:
     """The branch taken on nudge steps only gives the bits of the select over the tile."""
-    tf = _fused()
     case = _case(9, T=13, dk=5, dv=7)
     out = []
     for branch in (False, True):
-        xs = [torch.tensor(a, dtype=torch.float32) for a in case.arrays().values()]
-        o, st = tf.fused_recurrent_vla(
-            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:]),
-            schedule="two_pass", nudge_branch=branch,
-        )  # fmt: skip
+        xs = [torch.tensor(a, dtype=torch.float32, device=DEVICE) for a in case.arrays().values()]
+        o, st = _kernel(nudge_branch=branch)(
+            *xs[:4], config=VLAConfig(nudge_period=3), initial_state=tuple(xs[4:])
+        )
         out.append([o, *st])
-    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+    _assert_same_bits(out, case.shapes[1])
 
 
-NUDGE_SCALAR_CASES = {
-    "paper": (VLAConfig(), {}),
-    "every_step": (VLAConfig(nudge_period=1, nudge_eta=0.05), {}),
-    "segments_checkpoints": (
-        VLAConfig(nudge_period=3, nudge_eta=0.05),
-        {"forward_segment": 32, "checkpoint_every": 8},
-    ),
-}
-
-
-@pytest.mark.parametrize("name", list(NUDGE_SCALAR_CASES))
-def test_nudge_scalar_passes_the_oracle(name: str) -> None:
+def test_nudge_scalar_passes_the_oracle() -> None:
     """``nudge_scalar`` (``A`` kept as ``B + c·I``, the nudge added to ``c``, ``c`` folded into
-    the tile every 64 tokens, at checkpoints and at the end) is the step of spec §2.3 up to
-    rounding: float32 output and final state within the spec §4 budget of the float64 oracle,
-    over T = 70 (a fold inside the sequence), nudges every 20, 1 or 3 steps, segments and
-    checkpoints (a fold at every checkpoint), from a given initial state."""
-    config, options = NUDGE_SCALAR_CASES[name]
-    fn = _kernel(schedule="two_pass", nudge_scalar=True, **options)
+    the tile every 64 tokens and at the end) is the step of spec §2.3 up to rounding: float32
+    output and final state within the spec §4 budget of the float64 oracle over T = 70 (a fold
+    inside the sequence), from a given initial state."""
     failure, _ = evaluate_case(
-        fn, _case(21, T=70, dk=5, dv=3), config=config, array="torch", dtype="float32",
-        device=DEVICE,
+        _kernel(nudge_scalar=True), _case(21, T=70, dk=5, dv=3), config=VLAConfig(),
+        array="torch", dtype="float32", device=DEVICE,
     )  # fmt: skip
     assert failure is None, failure.describe()
 
 
-@pytest.mark.parametrize("bug", ["fold_drops_nudges", "nudge_one_step_late"])
-def test_nudge_scalar_planted_bug_is_rejected(bug: str) -> None:
-    """Meta-test: the same check rejects ``nudge_scalar`` with a fold that drops the nudges
-    gathered in ``c`` (the paper's three nudges of T = 70, 0.003 on the diagonal) and with the
-    nudge one step late."""
-    case = _case(21, T=70, dk=5, dv=3)
-    config = VLAConfig()
-    bad, _ = evaluate_case(
-        _kernel(schedule="two_pass", nudge_scalar=True, planted_bug=bug), case, config=config,
-        array="torch", dtype="float32", device=DEVICE,
-    )  # fmt: skip
-    assert bad is not None and bad.kind == "mismatch"
+# -- the nudge clock across calls (spec §2.3, ``start``) -----------------------------------------
 
 
-def test_nudge_scalar_defaults() -> None:
-    """On by default only where the H200 measured it faster (:func:`_nudge_scalar`): the
-    streamed forward at BK = 128; an explicit option wins, and it selects ``NUDGE_SCALAR``."""
-    from vla_verify.backends import triton_fused as tf
-    from vla_verify.backends import triton_fused_kernels as kernels
+def _chained(fn, xs: list[torch.Tensor], config: VLAConfig, cuts: tuple[int, ...]) -> list:  # type: ignore[no-untyped-def]
+    """``fn`` over the pieces of the sequence between ``cuts``, each continued from the previous
+    piece's state with ``start`` = the tokens so far; returns ``[o, S, A, z]``."""
+    outs, state, begin = [], tuple(xs[4:]), 0
+    for end in (*cuts, xs[0].shape[1]):
+        piece = [x[:, begin:end] for x in xs[:4]]
+        o, state = fn(*piece, config=config, initial_state=state, start=begin)
+        outs.append(o)
+        begin = end
+    return [torch.cat(outs, dim=1), *state]
 
-    assert tf._nudge_scalar(None, 128, True) and not tf._nudge_scalar(None, 128, False)
-    assert not tf._nudge_scalar(None, 64, True) and tf._nudge_scalar(True, 64, False)
-    assert not tf._nudge_scalar(False, 128, True)
-    assert tf._nudge_branch(None, True, 64) == kernels.NUDGE_SCALAR.value
-    assert tf._nudge_branch(None, False, 64) == 1 and tf._nudge_branch(None, False, 128) == 0
+
+def _whole_and_chained(fn, case: Case, config: VLAConfig, cuts: tuple[int, ...]) -> list:  # type: ignore[no-untyped-def]
+    runs = []
+    for pieces in ((), cuts):
+        xs = [torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
+              for a in case.arrays().values()]  # fmt: skip
+        o, S, A, z = _chained(fn, xs, config, pieces)
+        grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
+        runs.append([o, S, A, z, *grads])
+    return runs
+
+
+START_CASES = {
+    "period3_cuts_4_8": (3, (4, 8), {}),
+    "period5_cut_7_period_loop": (5, (7,), {"period_loop": True}),
+    "period4_cut_5_nudge_scalar": (4, (5,), {"nudge_scalar": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(START_CASES))
+def test_start_continues_the_clock(name: str) -> None:
+    """A sequence cut at points that are not multiples of the nudge period and continued from
+    the returned state with ``start`` equals the whole sequence: outputs, final state and every
+    gradient (through the chained states), within 64·u·T (each piece forms its first ``A u``
+    apart from the loop's paired sum); in the default plan, with the period loop and with the
+    scalar shift."""
+    period, cuts, fields = START_CASES[name]
+    case = _case(15, T=13, dk=5, dv=6)
+    config = VLAConfig(nudge_period=period, nudge_eta=0.05)
+    runs = _whole_and_chained(_kernel(**fields), case, config, cuts)
+    _assert_same_bits(runs, case.shapes[1], compiled=True)
+
+
+def test_registry_backend_continues_the_clock() -> None:
+    """The registry backend takes ``start`` (no refusal off the period): decoding three pieces
+    equals the whole sequence's output."""
+    be = _backend()
+    case = _case(16, T=10, dk=4, dv=3, state=False)
+    config = VLAConfig(nudge_period=3, nudge_eta=0.05)
+    xs = [torch.tensor(a, dtype=torch.float32, device=DEVICE)
+          for a in (case.q, case.k, case.v, case.u)]  # fmt: skip
+    whole, _ = be(*xs, config=config)
+    outs, state, begin = [], None, 0
+    for end in (4, 5, 10):
+        o, state = be(*(x[:, begin:end] for x in xs), config=config, initial_state=state,
+                      start=begin)  # fmt: skip
+        outs.append(o)
+        begin = end
+    _assert_same_bits([[whole], [torch.cat(outs, dim=1)]], 10, compiled=True)
+
+
+def test_kernel_ignoring_start_is_caught() -> None:
+    """Meta-test: the same comparison rejects the kernels with the clock restarted at every call
+    (the planted ``ignores_start``, in the default plan's gate loop and gate backward)."""
+    case = _case(15, T=13, dk=5, dv=6)
+    config = VLAConfig(nudge_period=3, nudge_eta=0.05)
+    xs = [torch.tensor(a, dtype=torch.float32, device=DEVICE) for a in case.arrays().values()]
+    whole = _chained(_kernel(), xs, config, ())
+    restarted = _chained(_kernel(bug="ignores_start"), xs, config, (4, 8))
+    with pytest.raises(AssertionError):
+        _assert_same_bits([whole, restarted], case.shapes[1], compiled=True)
 
 
 # -- gradients against the PyTorch sequential backend --------------------------------------------
@@ -564,8 +570,11 @@ def _grad_check(
         rng.standard_normal(s) for s in ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk), (B, H, dk))
     ]
 
-    def kernel(*a, **kw):
-        return tf.fused_recurrent_vla(*a, **kw, checkpoint_every=ck, planted_bug=bug, **options)
+    run = tf.fused_recurrent_vla if bug is None else tf.with_planted_bug(bug)
+
+    def kernel(q, k, v, u, **kw):  # type: ignore[no-untyped-def]
+        plan = _plan(q, v, **options)
+        return run(q, k, v, u, **kw, checkpoint_every=ck, plan=plan)
 
     r64 = _grads(ref, case, cot, torch.float64, config)
     r32 = _grads(ref, case, cot, torch.float32, config)
@@ -588,116 +597,110 @@ GRAD_CONFIGS = {
     "paper_nudge4": VLAConfig(nudge_period=4),
     "ungated_raw_out": VLAConfig(nudge_period=3, normalize_gate=False, normalize_output=False),
 }
-
-
-#: The two-pass schedule with backward segments of two checkpoint chunks and forward segments of
-#: one (T = 14: two and four; several value blocks: test_two_pass_backward_value_blocks).
-TWO_PASS = {"schedule": "two_pass", "backward_segment": 8, "forward_segment": 4}
+#: The default plan at dk = 5 (branch nudge, plain tile loads, 4 partial sums), and the dk = 128
+#: row's choices on the same tile (scalar nudge shift, vector loads, 8 partial sums).
+GRAD_PLANS = {
+    "default": {},
+    "wide_row": {"nudge_scalar": True, "nudge_branch": False, "load_plain": False,
+                 "split_sums": 8},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        "fused",
-        "two_pass",
-        "two_pass_pipelined_gate",
-        "two_pass_split_after_load",
-        "two_pass_nudge_scalar",
-    ],
-)
-def test_gradients_match_torch_sequential(name: str, dtype, schedule: str) -> None:
-    """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks (and,
-    two-pass, several backward segments)."""
-    options = {
-        "fused": {"schedule": "fused"},
-        "two_pass": TWO_PASS,
-        "two_pass_pipelined_gate": {**TWO_PASS, "pipeline_gate": True},
-        "two_pass_split_after_load": {**TWO_PASS, "split_after_load": True},
-        # the forward folds c into the tile at every checkpoint; the backward's rerun too
-        "two_pass_nudge_scalar": {**TWO_PASS, "pipeline_gate": True, "nudge_scalar": True},
-    }[schedule]
+@pytest.mark.parametrize("plan", list(GRAD_PLANS))
+def test_gradients_match_torch_sequential(
+    monkeypatch: pytest.MonkeyPatch, name: str, dtype, plan: str
+) -> None:
+    """dq, dk, dv, du and the initial-state gradients, through several checkpoint chunks and
+    forward and backward segments of one chunk each."""
+    _segments(monkeypatch)
     # Seed 5: per slice, the float32 du ratio (kernel error / 2x the torch float32 error on the
-    # same example) has a tail at seeds 3-5 of paper_nudge4 — fused 0.65 / 1.24 / 0.51, two-pass
-    # 1.95 / 0.99 / 0.25 (every other gradient <= 0.81) — because
-    # one float32 rounding of the reference can be lucky on a 2-element slice.
-    for g_name, c in _grad_check(GRAD_CONFIGS[name], seed=5, dtype=dtype, **options):
+    # same example) has a tail at seeds 3-5 of paper_nudge4 (up to 1.95 at seed 3) because one
+    # float32 rounding of the reference can be lucky on a 2-element slice.
+    checks = _grad_check(GRAD_CONFIGS[name], seed=5, dtype=dtype, **GRAD_PLANS[plan])
+    for g_name, c in checks:
         assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
 
 
-@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric_A0", "general_A0"])
-def test_two_pass_backward_value_blocks(symmetric: bool) -> None:
-    """The two-pass backward sums per-value-block partials: with dv = 40 over blocks of 16 rows
-    (three blocks, the last padded) and segments of one chunk, float64 gradients equal the fused
-    backward's to rounding, for a symmetric A_0 and a non-symmetric one."""
-    tf = _fused()
+def test_backward_value_blocks() -> None:
+    """The backward sums per-value-block partials: with dv = 40 over blocks of 16 rows (three
+    blocks, the last padded), float64 gradients equal those of one block of 64 rows to
+    rounding, from a non-symmetric A_0."""
     case = _case(9, T=11, dk=6, dv=40)
     arrays = list(case.arrays().values())
-    if not symmetric:
-        arrays[5] = arrays[5] + 0.05 * np.random.default_rng(0).standard_normal(arrays[5].shape)
+    arrays[5] = arrays[5] + 0.05 * np.random.default_rng(0).standard_normal(arrays[5].shape)
     grads = []
-    two_pass = {**TWO_PASS, "block_v": 16, "backward_segment": 4}
-    for options in ({"schedule": "fused"}, two_pass):
-        xs = [torch.tensor(a, requires_grad=True) for a in arrays]
-        o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4],
-            config=VLAConfig(nudge_period=4),
-            initial_state=tuple(xs[4:]),
-            checkpoint_every=4,
-            **options,
-        )
+    for bv in (64, 16):
+        xs = [torch.tensor(a, requires_grad=True, device=DEVICE) for a in arrays]
+        o, (S, A, z) = _fused().fused_recurrent_vla(
+            *xs[:4], config=VLAConfig(nudge_period=4), initial_state=tuple(xs[4:]),
+            checkpoint_every=4, plan=_plan(xs[0], xs[2], bwd_block_v=bv),
+        )  # fmt: skip
         grads.append(torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13 * (1 + float(b.abs().max())))
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
-def test_gradients_do_not_depend_on_checkpoint_interval(schedule: str) -> None:
+def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
     tf = _fused()
     case = _case(4, T=11)
     xs = [torch.tensor(a, requires_grad=True, device=DEVICE) for a in case.arrays().values()]
     outs = []
     for ck in (1, 3, 64):
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=ck, schedule=schedule
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=ck
         )
-        grads = torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs)
-        outs.append(grads)
+        outs.append(torch.autograd.grad(o.sum() + S.sum() + A.sum() + z.sum(), xs))
     for gs in outs[1:]:
         for a, b in zip(outs[0], gs, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * (1 + float(b.abs().max())))
 
 
-# -- the checks can fail: planted bugs -----------------------------------------------------------
+# -- the checks can fail: planted bugs in the default code path ----------------------------------
+
+#: The plan choices each planted forward bug is tried in: the default at dk = 5, and the choices
+#: of the dk = 64 (period loop) and dk = 128 (scalar shift) rows on the same tile.
+BUG_PLANS = {
+    "default": {},
+    "period_loop": {"period_loop": True},
+    "nudge_scalar": {"nudge_scalar": True},
+}
+FORWARD_BUGS = [
+    ("gate_from_previous_A", "default"),
+    ("gate_from_previous_A", "nudge_scalar"),
+    ("nudge_one_step_late", "default"),
+    ("nudge_one_step_late", "period_loop"),
+    ("nudge_one_step_late", "nudge_scalar"),
+    ("fold_drops_nudges", "nudge_scalar"),
+]
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass", "pipelined_gate", "chunked_gate"])
-@pytest.mark.parametrize("bug", ["gate_from_previous_A", "nudge_one_step_late"])
-def test_planted_forward_bug_is_rejected(bug: str, schedule: str) -> None:
-    options = {
-        "schedule": "fused" if schedule == "fused" else "two_pass",
-        "pipeline_gate": schedule == "pipelined_gate",
-        "gate": "chunked" if schedule == "chunked_gate" else "recurrent",
-    }
-    fn = _kernel(planted_bug=bug, **options)
+@pytest.mark.parametrize("plan", list(BUG_PLANS))
+def test_plan_passes_where_its_bugs_fail(plan: str) -> None:
+    """The plans the planted-bug meta-tests use pass the same check."""
     case = _case(6, T=10, state=False)
-    config = VLAConfig(nudge_period=3)
     good, _ = evaluate_case(
-        _kernel(**options), case, config=config, array="torch", dtype="float32", device=DEVICE
-    )
+        _kernel(**BUG_PLANS[plan]), case, config=VLAConfig(nudge_period=3), array="torch",
+        dtype="float32", device=DEVICE,
+    )  # fmt: skip
     assert good is None, good.describe()
-    bad, _ = evaluate_case(fn, case, config=config, array="torch", dtype="float32", device=DEVICE)
+
+
+@pytest.mark.parametrize(("bug", "plan"), FORWARD_BUGS, ids=[f"{b}-{p}" for b, p in FORWARD_BUGS])
+def test_planted_forward_bug_is_rejected(bug: str, plan: str) -> None:
+    case = _case(6, T=10, state=False)
+    bad, _ = evaluate_case(
+        _kernel(bug=bug, **BUG_PLANS[plan]), case, config=VLAConfig(nudge_period=3),
+        array="torch", dtype="float32", device=DEVICE,
+    )  # fmt: skip
     assert bad is not None and bad.kind == "mismatch"
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
-def test_planted_backward_bug_is_rejected(schedule: str) -> None:
-    options = TWO_PASS if schedule == "two_pass" else {"schedule": "fused"}
+def test_planted_backward_bug_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    _segments(monkeypatch)
     checks = dict(
-        _grad_check(
-            GRAD_CONFIGS["paper_nudge4"], 3, torch.float32, bug="backward_drops_dk_term", **options
-        )
+        _grad_check(GRAD_CONFIGS["paper_nudge4"], 3, torch.float32, bug="backward_drops_dk_term")
     )
     assert not checks["k"].passed
     assert checks["v"].passed  # the planted bug touches dk only
@@ -706,20 +709,19 @@ def test_planted_backward_bug_is_rejected(schedule: str) -> None:
 # -- NaN-poisoned buffers, refusals, availability -----------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["fused", "two_pass"])
-def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
+def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
     kernel forgets to write (outputs, states, gradients, scratch read before written) shows."""
     tf = _fused()
     case = _case(7, T=9, dk=3, dv=5)
 
-    def run():
+    def run():  # type: ignore[no-untyped-def]
         xs = [
             torch.tensor(a, dtype=torch.float32, requires_grad=True, device=DEVICE)
             for a in case.arrays().values()
         ]
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4, schedule=schedule
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4
         )
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         return [o, S, A, z, *grads]
@@ -727,10 +729,10 @@ def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, schedul
     clean = run()
     real_empty, real_empty_like = torch.empty, torch.empty_like
 
-    def empty(*a, **kw):
+    def empty(*a, **kw):  # type: ignore[no-untyped-def]
         return real_empty(*a, **kw).fill_(float("nan"))
 
-    def empty_like(*a, **kw):
+    def empty_like(*a, **kw):  # type: ignore[no-untyped-def]
         return real_empty_like(*a, **kw).fill_(float("nan"))
 
     monkeypatch.setattr(tf.torch, "empty", empty)

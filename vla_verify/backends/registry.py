@@ -166,11 +166,16 @@ class Backend(ABC):
             raise DTypeError(
                 "q", f"backend {self.name!r} takes {self.capabilities.array} arrays, got {library}"
             )
-        shapes = check_inputs(q, k, v, u, initial_state)
+        shapes = check_inputs(q, k, v, u, initial_state, check_finite=self._checks_finite())
         reason = self.check_support(config, shapes, dtype_name(q), device)
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason)
         return self._run(q, k, v, u, config=config, initial_state=initial_state, start=start)
+
+    def _checks_finite(self) -> bool:
+        """Whether :meth:`__call__` refuses NaN/Inf inputs (on by default).  A GPU kernel may
+        make it an option: the check reads every input back, a device sync per call."""
+        return True
 
     def _precheck(
         self, q: Any, k: Any, v: Any, u: Any, initial_state: Any, config: VLAConfig
