@@ -630,7 +630,7 @@ def _carry(
     config: VLAConfig,
     variant: str,
     fresh: Callable[[Sequence[np.ndarray]], list[Any]],
-) -> tuple[Any, Any] | _Outcome | str | None:
+) -> tuple[Any, Any, tuple[Any, ...]] | _Outcome | str | None:
     """Run the two halves of the state-carry check: ``(o1, o2, state1)``, a failure, or a note
     (a str) when ``fn`` declines ``start=cut`` with :class:`UnsupportedConfigurationError`."""
     label = " during the state-carry check"
