@@ -15,20 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .results import D_HEAD, MIN_SEEDS, load_results, summary
+from .results import D_HEAD, MIN_SEEDS, PAPER_FIGURES, load_results, summary
 
-__all__ = ["PAPER_FIGURES", "markdown", "plots", "write_report"]
+__all__ = ["markdown", "plots", "write_report"]
 
-#: The paper's figures (spec §3 C10), by figure name of :data:`.results.C10_FIGURES`.
-PAPER_FIGURES: dict[str, float] = {
-    "mqar_n24.vla": 1.0,
-    "mqar_n24.deltanet": 0.010,
-    "mqar_n24.linear": 0.074,
-    "mqar_n24.softmax": 0.26,
-    "fixed_n8.vla": 1.0,
-    "fixed_n8.deltanet": 0.01,
-    "n_eq_dk.vla": 0.62,
-}
 
 
 def _fmt(cell: dict[str, Any] | None) -> str:

@@ -33,6 +33,7 @@ import numpy as np
 __all__ = [
     "C10_FIGURES",
     "MIN_SEEDS",
+    "PAPER_FIGURES",
     "Cell",
     "c6_figures",
     "c10_figures",
@@ -54,6 +55,17 @@ C10_FIGURES: dict[str, tuple[str, dict[str, int], str]] = {
     "fixed_n8.vla": ("mqar_length", {"n_pairs": 8, "seq_len": 512}, "vla"),
     "fixed_n8.deltanet": ("mqar_length", {"n_pairs": 8, "seq_len": 512}, "deltanet"),
     "n_eq_dk.vla": ("mqar", {"n_pairs": D_HEAD}, "vla"),
+}
+
+#: The paper's figures (spec §3 C10),, by figure name of :data:`C10_FIGURES`.
+PAPER_FIGURES: dict[str, float] = {
+    "mqar_n24.vla": 1.0,
+    "mqar_n24.deltanet": 0.010,
+    "mqar_n24.linear": 0.074,
+    "mqar_n24.softmax": 0.26,
+    "fixed_n8.vla": 1.0,
+    "fixed_n8.deltanet": 0.01,
+    "n_eq_dk.vla": 0.62,
 }
 
 
