@@ -20,7 +20,6 @@ from .results import D_HEAD, MIN_SEEDS, PAPER_FIGURES, load_results, summary
 __all__ = ["markdown", "plots", "write_report"]
 
 
-
 def _fmt(cell: dict[str, Any] | None) -> str:
     if not cell:
         return "—"
@@ -28,13 +27,12 @@ def _fmt(cell: dict[str, Any] | None) -> str:
 
 
 def _size(task: dict[str, Any], grid: str) -> tuple[str, int]:
-    if grid == "mqar":
-        return "n", task["n_pairs"]
+    """The axis of a grid's table and plot: (label, value)."""
+    if "length" in task:
+        return "prefix length", task["length"]
     if grid == "mqar_length":
         return "T", task["seq_len"]
-    if grid == "copy":
-        return "prefix length", task["length"]
-    return "size", task.get("n_pairs", 0)
+    return "n", task["n_pairs"]
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -79,11 +77,10 @@ def markdown(data: dict[str, Any]) -> str:
             for s in ("untrained", "trained")
         ]
         lines.append(f"| {mixer} | {row[0]} | {row[1]} |")
-    by_grid: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_table: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for cell in data["cells"]:
-        by_grid[cell["grid"]].append(cell)
-    for grid, rows in by_grid.items():
-        label = _size(rows[0]["task"], grid)[0]
+        by_table[(cell["grid"], _size(cell["task"], cell["grid"])[0])].append(cell)
+    for (grid, label), rows in by_table.items():
         mixers = sorted({r["mixer"] for r in rows})
         sizes = sorted({_size(r["task"], grid)[1] for r in rows})
         lines += [
