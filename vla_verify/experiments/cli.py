@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from .runner import run_grid
 
-    _record_manifest(results, args.grid, jobs)
+    for grid in sorted({j.grid for j in jobs}):  # the c10 grid's jobs belong to two grids
+        _record_manifest(results, grid, [j for j in jobs if j.grid == grid])
     outcome = run_grid(
         jobs,
         results,

@@ -12,6 +12,9 @@ Grids (``python -m vla_verify.experiments list`` prints them):
 - ``copy`` — copy with prefix lengths 16, 32, 64, 128, 256;
 - ``state_norm`` — the untrained probe (no training) at T = 10⁴ for linear attention, DeltaNet
   and VLA; the trained probes come with the ``mqar`` jobs at n = 24;
+- ``c10`` — only the cells of the paper's seven recall figures (MQAR n = 24 for every mixer,
+  n = d_h = 32 for VLA, n = 8 at T = 512 for VLA and DeltaNet), as jobs of the ``mqar`` and
+  ``mqar_length`` grids (their results land there), for one run that can give C10 its verdict;
 - ``tiny`` — every task and mixer at toy sizes (the format on a CPU in a minute or two).
 
 Each training grid crosses the mixers (softmax, linear, deltanet, vla), the learning rates
@@ -190,6 +193,18 @@ def grid_jobs(
             for seed in seeds
             for mixer in (mixers or PROBE_MIXERS)
         ]
+    if name == "c10":
+
+        def only(jobs: list[Job], keep: tuple[str, ...]) -> list[Job]:
+            return [j for j in jobs if j.mixer in keep and (not mixers or j.mixer in mixers)]
+
+        options: dict[str, Any] = dict(lrs=lrs, seeds=seeds, model=model, train=train)
+        longest = only(grid_jobs("mqar_length", sizes=(512,), **options), ("vla", "deltanet"))
+        return (
+            longest
+            + only(grid_jobs("mqar", sizes=(24,), **options), PAPER_MIXERS)
+            + only(grid_jobs("mqar", sizes=(32,), **options), ("vla",))
+        )
     # tiny: every task and mixer at toy sizes (CPU), the trained probe included
     vocab = {"vocab": _TINY_MODEL["vocab"]}
     tiny_model = {**_TINY_MODEL, **extra_model}
@@ -209,4 +224,4 @@ def grid_jobs(
     ) + _cross(name, "copy", [{"length": 6, **vocab}], mixers, lrs, seeds, tiny_model, tiny_train)
 
 
-GRIDS: tuple[str, ...] = ("mqar", "mqar_length", "copy", "state_norm", "tiny")
+GRIDS: tuple[str, ...] = ("mqar", "mqar_length", "copy", "state_norm", "c10", "tiny")
