@@ -212,3 +212,14 @@ def test_import_needs_no_torch():
         "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_worker_pool_runs_jobs_in_spawned_processes_and_honours_the_budget(tmp_path):
+    jobs = [
+        j for j in grid_jobs("tiny", mixers=("softmax",), train={"steps": 20}) if j.task == "copy"
+    ][:2]
+    spent = run_grid(jobs, tmp_path, time_budget_s=1e-9, show_progress=False)
+    assert (spent["ran"], spent["pending"]) == (0, 2)  # the budget passed before any job
+    pooled = run_grid(jobs, tmp_path, workers_per_device=2, show_progress=False)
+    assert (pooled["ran"], pooled["failed"], pooled["pending"]) == (2, 0, 0), pooled
+    assert pooled["slots"] == 2

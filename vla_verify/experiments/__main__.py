@@ -4,4 +4,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the runner's spawned workers import this module again
+    sys.exit(main())

@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE")
         if name == "run":
             p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-            p.add_argument("--workers-per-device", type=int, default=4)
+            p.add_argument(
+                "--workers-per-device",
+                type=int,
+                default=None,
+                help="processes per GPU (default 4) or on the CPU (default 1: this process)",
+            )
             p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
             p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("report")
@@ -114,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs,
         results,
         device=args.device,
-        workers_per_device=args.workers_per_device,
+        workers_per_device=args.workers_per_device or (4 if args.device == "cuda" else 1),
         time_budget_s=args.time_budget,
         show_progress=not args.quiet,
     )

@@ -209,15 +209,15 @@ def run_grid(
     deadline = time.time() + (time_budget_s if time_budget_s else float("inf"))
     bar = ProgressBar(f"grid on {device}", len(todo), enabled=show_progress)
     bar(0)
-    if device == "cpu":
+    if device == "cpu" and workers_per_device == 1:
         for i, job in enumerate(todo):
             if time.time() >= deadline:
                 break
             _write_json(result_path(results_dir, job), execute_job(job, device="cpu"))
             summary["ran"] += 1
             bar(i + 1)
-    elif device == "cuda":
-        summary.update(_run_on_gpus(todo, results_dir, workers_per_device, deadline, bar))
+    elif device in ("cpu", "cuda"):
+        summary.update(_run_pool(todo, results_dir, device, workers_per_device, deadline, bar))
     else:
         raise ConfigError("device", f"expected 'cpu' or 'cuda', got {device!r}")
     bar.close()
@@ -225,19 +225,29 @@ def run_grid(
     return summary
 
 
-def _run_on_gpus(
-    todo: Sequence[Job], results_dir: Path, per_device: int, deadline: float, bar: ProgressBar
+def _run_pool(
+    todo: Sequence[Job],
+    results_dir: Path,
+    device: str,
+    per_device: int,
+    deadline: float,
+    bar: ProgressBar,
 ) -> dict[str, Any]:
+    """``per_device`` spawned workers per visible GPU (or on the CPU), sharing one job queue."""
     import multiprocessing as mp
 
-    import torch
-
-    gpus = torch.cuda.device_count()
-    if gpus < 1:
-        raise ConfigError("device", "expected a visible CUDA GPU for --device cuda")
     if per_device < 1:
         raise ConfigError("workers_per_device", f"expected >= 1, got {per_device}")
-    slots = gpus * per_device
+    if device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < 1:
+            raise ConfigError("device", "expected a visible CUDA GPU for --device cuda")
+        devices = [f"cuda:{i}" for i in range(gpus)]
+    else:
+        devices = ["cpu"]
+    slots = len(devices) * per_device
     ctx = mp.get_context("spawn")
     jobs_q, done_q = ctx.Queue(), ctx.Queue()
     for job in todo:
@@ -246,7 +256,15 @@ def _run_on_gpus(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(s, f"cuda:{s % gpus}", jobs_q, done_q, str(results_dir), deadline, threads),
+            args=(
+                s,
+                devices[s % len(devices)],
+                jobs_q,
+                done_q,
+                str(results_dir),
+                deadline,
+                threads,
+            ),
         )
         for s in range(slots)
     ]
@@ -271,4 +289,4 @@ def _run_on_gpus(
         bar(ran + failed)
     for p in procs:
         p.join(timeout=30)
-    return {"ran": ran, "failed": failed, "errors": errors, "slots": slots, "gpus": gpus}
+    return {"ran": ran, "failed": failed, "errors": errors, "slots": slots, "devices": devices}
