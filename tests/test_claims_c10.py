@@ -38,6 +38,24 @@ def test_no_results_is_not_measured(tmp_path):
     (tmp_path / "empty").mkdir()
     (empty,) = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "empty")
     assert empty.verdict is Verdict.NOT_MEASURED
+    other = tmp_path / "other" / "tiny"  # results of other grids only
+    other.mkdir(parents=True)
+    job = {
+        "grid": "tiny",
+        "task": "copy",
+        "task_params": {"length": 6},
+        "mixer": "vla",
+        "seed": 0,
+        "lr": 0.01,
+        "model": {},
+        "train": {},
+        "probe_T": 0,
+    }
+    (other / "a.json").write_text(
+        json.dumps({"job": job, "val_accuracy": 0.1, "test_accuracy": 0.1})
+    )
+    (none,) = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "other")
+    assert none.verdict is Verdict.NOT_MEASURED
 
 
 def test_complete_results_meeting_the_figures_reproduce(tmp_path):

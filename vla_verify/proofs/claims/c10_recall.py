@@ -18,7 +18,7 @@ not, and no verdict is given unless every figure is measured on at least
 :data:`~vla_verify.experiments.results.MIN_SEEDS` seeds: a partial input given explicitly raises
 :class:`~vla_verify.errors.VLAInputError` naming what is missing; the committed default results,
 when partial, give NOT_MEASURED with the same list (so that the ledger still runs while a grid
-fills).  No results at all: NOT_MEASURED.
+fills).  No result for any of the seven cells: NOT_MEASURED.
 """
 
 from __future__ import annotations
@@ -110,12 +110,13 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
     figures, source = None, sources[0]
     for candidate in sources:
         figures = load_figures(candidate)
-        if figures is not None:
+        if figures is not None and any(figures.values()):  # some C10 cell has results
             source = candidate
             break
+        figures = None
     if figures is None:
         reason = (
-            f"not yet measured: no results in {source} (python -m vla_verify.experiments run "
+            f"not yet measured: no C10 results in {source} (python -m vla_verify.experiments run "
             "--grid mqar, then --grid mqar_length)"
         )
         return [_result(Verdict.NOT_MEASURED, reason, [reason], {})]
