@@ -223,3 +223,24 @@ def test_worker_pool_runs_jobs_in_spawned_processes_and_honours_the_budget(tmp_p
     pooled = run_grid(jobs, tmp_path, workers_per_device=2, show_progress=False)
     assert (pooled["ran"], pooled["failed"], pooled["pending"]) == (2, 0, 0), pooled
     assert pooled["slots"] == 2
+
+
+def test_grids_cover_the_paper_figures_with_unique_keys():
+    from vla_verify.experiments.results import C10_FIGURES
+
+    c10 = grid_jobs("c10", lrs=(1e-3,))
+    assert len({j.key() for j in c10}) == len(c10)
+    for grid, params, mixer in C10_FIGURES.values():
+        seeds = {
+            j.seed
+            for j in c10
+            if j.grid == grid
+            and j.mixer == mixer
+            and all(j.task_params.get(k) == v for k, v in params.items())
+        }
+        assert seeds == {0, 1, 2}
+    capacity = {j.task_params["n_pairs"] for j in grid_jobs("mqar")}
+    assert min(capacity) == 4 and max(capacity) == 64  # n from 4 to 2·d_h
+    assert max(j.task_params["seq_len"] for j in grid_jobs("mqar_length")) == 2048
+    softmax = {json.dumps(j.model) for j in grid_jobs("mqar", sizes=(24,)) if j.mixer == "softmax"}
+    assert softmax == {"{}", '{"positions": true}'}

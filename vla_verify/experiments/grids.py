@@ -18,7 +18,8 @@ Grids (``python -m vla_verify.experiments list`` prints them):
 - ``tiny`` — every task and mixer at toy sizes (the format on a CPU in a minute or two).
 
 Each training grid crosses the mixers (softmax, linear, deltanet, vla), the learning rates
-(3e-4, 1e-3, 3e-3) and the seeds (0, 1, 2).  Jobs are ordered so that a partial grid holds whole
+(3e-4, 1e-3, 3e-3) and the seeds (0, 1, 2); softmax also runs with learned position embeddings
+(:data:`MIXER_VARIANTS`).  Jobs are ordered so that a partial grid holds whole
 groups of seeds for the paper's figures first.
 """
 
@@ -37,6 +38,10 @@ PAPER_MIXERS: tuple[str, ...] = ("vla", "deltanet", "linear", "softmax")
 PROBE_MIXERS: tuple[str, ...] = ("vla", "deltanet", "linear")
 DEFAULT_LRS: tuple[float, ...] = (3e-4, 1e-3, 3e-3)
 DEFAULT_SEEDS: tuple[int, ...] = (0, 1, 2)
+#: Extra model settings per mixer in the training grids: the spec's backbone has no position
+#: embeddings, which leaves causal softmax attention without a way to find the token after a
+#: key; learned positions give it one (the cell keeps whichever validates better).
+MIXER_VARIANTS: dict[str, tuple[dict[str, Any], ...]] = {"softmax": ({}, {"positions": True})}
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ def _cross(
     model: dict[str, Any],
     train: dict[str, Any],
     probe: dict[int, int] | None = None,
+    variants: dict[str, tuple[dict[str, Any], ...]] | None = None,
 ) -> list[Job]:
     jobs = []
     for params in params_list:  # outermost: the first sizes are the paper's figures
@@ -103,19 +109,25 @@ def _cross(
                     probe_T = 0
                     if probe and mixer in PROBE_MIXERS:
                         probe_T = probe.get(params.get("n_pairs", -1), 0)
-                    jobs.append(
-                        Job(
-                            grid,
-                            task,
-                            dict(params),
-                            mixer,
-                            seed,
-                            lr,
-                            dict(model),
-                            dict(train),
-                            probe_T,
+                    settings = []
+                    for variant in (variants or {}).get(mixer, ({},)):
+                        setting = {**variant, **model}  # explicit overrides win
+                        if setting not in settings:
+                            settings.append(setting)
+                    for setting in settings:
+                        jobs.append(
+                            Job(
+                                grid,
+                                task,
+                                dict(params),
+                                mixer,
+                                seed,
+                                lr,
+                                setting,
+                                dict(train),
+                                probe_T,
+                            )
                         )
-                    )
     return jobs
 
 
@@ -150,6 +162,7 @@ def grid_jobs(
             {**_PAPER_SIZE, **extra_model},
             extra_train,
             probe={24: 10_000},
+            variants=MIXER_VARIANTS,
         )
     if name == "mqar_length":
         Ts = sizes or (512, 64, 128, 256, 1024, 2048)
@@ -162,6 +175,7 @@ def grid_jobs(
             seeds,
             {**_PAPER_SIZE, **extra_model},
             extra_train,
+            variants=MIXER_VARIANTS,
         )
     if name == "copy":
         Ls = sizes or (16, 32, 64, 128, 256)
@@ -174,6 +188,7 @@ def grid_jobs(
             seeds,
             {**_PAPER_SIZE, "max_len": 2 * max(Ls), **extra_model},
             extra_train,
+            variants=MIXER_VARIANTS,
         )
     if name == "state_norm":
         Ts = sizes or (10_000,)
