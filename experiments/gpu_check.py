@@ -6,8 +6,9 @@
    and every parameter's gradient.
 3. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256).
 
-Writes ``<out>/gpu_check.json``; exits 1 when a comparison exceeds its bound.  The bounds are
-float32 accumulation over T = 256 steps: ``64 · u32 · T ≈ 2e-3`` relative to the largest entry.
+Writes ``<out>/gpu_check.json``; exits 1 when a comparison exceeds its bound.  The bound is
+float32 accumulation over T = 256 steps, ``64 · u32 · T ≈ 1e-3`` relative to the largest entry
+(the T = 512 comparison is held to the same bound, a factor 2 stricter).
 """
 
 from __future__ import annotations
@@ -104,10 +105,12 @@ def main() -> int:
     bound = 64 * U32 * 256
     report: dict = {"provenance": provenance("cuda"), "bound": bound}
     report["fla_vs_gated_delta_rule"] = check_fla()
+    report["fla_vs_gated_delta_rule_T512"] = check_fla(512)  # also warms fla's autotune cache
     report["triton_fused_vs_torch"] = check_triton()
     report["step_ms_B64_T256"] = {m: step_ms(m) for m in ("softmax", "linear", "deltanet", "vla")}
     worst = max(
         max(report["fla_vs_gated_delta_rule"].values()),
+        max(report["fla_vs_gated_delta_rule_T512"].values()),
         report["triton_fused_vs_torch"]["worst_grad"],
     )
     report["ok"] = bool(worst <= bound)
