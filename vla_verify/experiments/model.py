@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -297,12 +297,16 @@ class Backbone(nn.Module):
             x = x + self.position(torch.arange(tokens.shape[1], device=tokens.device))
         return x
 
+    def layers(self) -> list[Block]:
+        """The blocks, in order."""
+        return [cast(Block, block) for block in self.blocks]
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        for block in self.blocks:
+        for block in self.layers():
             x = block(x)
         return self.ln_out(x) @ self.embedding.weight.T
 
     @property
     def backend_names(self) -> list[str]:
-        return [block.attn.backend_name for block in self.blocks]
+        return [block.attn.backend_name for block in self.layers()]

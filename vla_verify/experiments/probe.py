@@ -83,7 +83,7 @@ def state_norms(
     tokens = torch.as_tensor(probe_tokens(T, model.config.vocab, seed), device=device)
     x = model.embed(tokens)
     layers = []
-    for block in model.blocks:
+    for block in model.layers():
         layer = block.attn
         inputs = layer.mixer_inputs(block.ln_attn(x))
         outputs, heads = [], []

@@ -71,7 +71,8 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
@@ -161,11 +162,22 @@ def train(
         if progress is not None and step % 10 == 0:
             progress(step, config.steps)
     seconds = time.perf_counter() - t0
-    common = dict(samples=config.eval_samples, batch=config.eval_batch, device=device)
+
+    def accuracy(index: int) -> float:
+        return evaluate(
+            model,
+            task,
+            seed=seed,
+            index=index,
+            samples=config.eval_samples,
+            batch=config.eval_batch,
+            device=device,
+        )
+
     return {
         "losses": losses,
-        "val_accuracy": evaluate(model, task, seed=seed, index=VALIDATION_INDEX, **common),
-        "test_accuracy": evaluate(model, task, seed=seed, index=TEST_INDEX, **common),
+        "val_accuracy": accuracy(VALIDATION_INDEX),
+        "test_accuracy": accuracy(TEST_INDEX),
         "train_seconds": seconds,
         "final_lr": lr,
         "diverged": bool(losses) and not math.isfinite(losses[-1]),

@@ -51,7 +51,7 @@ def load_figures(path: Path) -> dict[str, dict[str, Any] | None] | None:
     path = Path(path)
     if path.is_dir():
         results = load_results(path)
-        return c10_figures(results) if results else None
+        return dict(c10_figures(results)) if results else None
     if path.is_file():
         data = json.loads(path.read_text())
         figures = data.get("figures") if isinstance(data, dict) else None
@@ -106,7 +106,7 @@ def _result(
 
 def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
     explicit = path is not None
-    sources = [Path(path)] if explicit else _default_sources()  # type: ignore[list-item]
+    sources = [Path(path)] if path is not None else _default_sources()
     figures, source = None, sources[0]
     for candidate in sources:
         figures = load_figures(candidate)
