@@ -172,8 +172,8 @@ def _worker(
         torch.cuda.set_device(torch.device(device))
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the CPU computes it
     while time.time() < deadline:
-        try:
-            data = jobs.get_nowait()
+        try:  # a short wait: the parent's queue feeder may not have flushed every job yet
+            data = jobs.get(timeout=2)
         except queue.Empty:
             break
         job = Job.from_dict(data)
