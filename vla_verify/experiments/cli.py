@@ -89,7 +89,16 @@ def _record_manifest(results: Path, grid: str, jobs: Sequence[Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when every job ran, 1 when a job failed, 2 on bad input."""
     args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except VLAInputError as exc:
+        print(f"python -m vla_verify.experiments: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.command == "report":
         from .report import write_report
 
