@@ -15,6 +15,8 @@ Grids (``python -m vla_verify.experiments list`` prints them):
 - ``c10`` — only the cells of the paper's seven recall figures (MQAR n = 24 for every mixer,
   n = d_h = 32 for VLA, n = 8 at T = 512 for VLA and DeltaNet), as jobs of the ``mqar`` and
   ``mqar_length`` grids (their results land there), for one run that can give C10 its verdict;
+- ``small`` — MQAR with n = 4 pairs, T = 24, at a CPU's scale (vocabulary 32, ``d_model`` 64,
+  2 heads, FFN 128, 400 steps of 32 sequences, lr 3e-3): a pilot of the recall gap;
 - ``tiny`` — every task and mixer at toy sizes (the format on a CPU in a minute or two).
 
 Each training grid crosses the mixers (softmax, linear, deltanet, vla), the learning rates
@@ -220,6 +222,20 @@ def grid_jobs(
             + only(grid_jobs("mqar", sizes=(24,), **options), PAPER_MIXERS)
             + only(grid_jobs("mqar", sizes=(32,), **options), ("vla",))
         )
+    if name == "small":
+        small_model = {"vocab": 32, "d_model": 64, "n_heads": 2, "d_ffn": 128, "max_len": 64}
+        small_train = {"steps": 400, "batch_size": 32, "eval_samples": 256}
+        return _cross(
+            name,
+            "mqar",
+            [{"n_pairs": n, "seq_len": 24, "vocab": 32} for n in (sizes or (4,))],
+            mixers or PAPER_MIXERS,
+            lrs if lrs is not DEFAULT_LRS else (3e-3,),
+            seeds,
+            {**small_model, **extra_model},
+            {**small_train, **extra_train},
+            variants=MIXER_VARIANTS,
+        )
     # tiny: every task and mixer at toy sizes (CPU), the trained probe included
     vocab = {"vocab": _TINY_MODEL["vocab"]}
     tiny_model = {**_TINY_MODEL, **extra_model}
@@ -239,4 +255,4 @@ def grid_jobs(
     ) + _cross(name, "copy", [{"length": 6, **vocab}], mixers, lrs, seeds, tiny_model, tiny_train)
 
 
-GRIDS: tuple[str, ...] = ("mqar", "mqar_length", "copy", "state_norm", "c10", "tiny")
+GRIDS: tuple[str, ...] = ("mqar", "mqar_length", "copy", "state_norm", "c10", "small", "tiny")
