@@ -23,7 +23,8 @@ __all__ = ["markdown", "plots", "write_report"]
 def _fmt(cell: dict[str, Any] | None) -> str:
     if not cell:
         return "—"
-    return f"{cell['mean']:.3f} ± {cell['std']:.3f} ({len(cell['values'])})"
+    extra = " [positions]" if cell.get("setting", {}).get("model", {}).get("positions") else ""
+    return f"{cell['mean']:.3f} ± {cell['std']:.3f} ({len(cell['values'])}){extra}"
 
 
 def _size(task: dict[str, Any], grid: str) -> tuple[str, int]:
@@ -51,7 +52,8 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "## The paper's recall figures (spec §3 C10)",
         "",
-        f"Test exact-match accuracy, mean ± std (seeds); a figure needs {MIN_SEEDS} seeds.",
+        f"Test exact-match accuracy, mean ± std (seeds); a figure needs {MIN_SEEDS} seeds. "
+        "[positions]: the setting chosen on validation has learned position embeddings.",
         "",
         "| figure | paper | measured | learning rate |",
         "|---|---|---|---|",
