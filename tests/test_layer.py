@@ -46,3 +46,24 @@ def test_errors_name_the_argument():
         layer_forward(w, np.array([0]), mixer="gru")
     with pytest.raises(ConfigError, match="n_heads"):
         init_layer(d_model=10, n_heads=3)
+
+
+@pytest.mark.parametrize("mixer", ["vla", "linear", "delta"])
+def test_trainable_layer_reproduces_the_numpy_layer(mixer):
+    """vla_verify.experiments.model.AttentionLayer holding init_layer's weights is layer_forward."""
+    torch = pytest.importorskip("torch")
+    from vla_verify.experiments.model import AttentionLayer
+    from vla_verify.layer import layer_norm
+
+    w = init_layer(d_model=16, n_heads=2, vocab=10, seed=1)
+    tokens = np.random.default_rng(0).integers(0, 10, size=(2, 25))  # crosses a nudge period
+    layer = AttentionLayer.from_weights(w, mixer, backend="torch")
+    y = layer(torch.as_tensor(layer_norm(w.embedding[tokens]))).detach().numpy()
+    ref = layer_forward(w, tokens, mixer=mixer).y
+    assert np.allclose(y, ref, rtol=1e-12, atol=1e-12)
+    # a planted change (W_u transposed) moves the vla output, so the comparison can fail
+    if mixer == "vla":
+        with torch.no_grad():
+            layer.W_u.copy_(layer.W_u.transpose(1, 2).clone())
+        moved = layer(torch.as_tensor(layer_norm(w.embedding[tokens]))).detach().numpy()
+        assert not np.allclose(moved, ref, rtol=1e-6, atol=1e-6)

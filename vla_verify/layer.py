@@ -13,6 +13,10 @@ Weights follow PyTorch's defaults, so that "random weights" means what it means 
 code: ``nn.Linear`` draws ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` and ``nn.Embedding`` draws
 ``N(0, 1)``.  Tokens are embedded and passed through the block's pre-LayerNorm before the
 projections (the backbone of spec §2.5 is pre-LN).
+
+The trainable counterpart is :class:`vla_verify.experiments.model.AttentionLayer` (PyTorch, any
+registered differentiable backend); its ``from_weights`` loads these weights and reproduces
+:func:`layer_forward`.
 """
 
 from __future__ import annotations

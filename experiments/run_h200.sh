@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One GPU run of the C10 cells: checks first, then the grid, then the report, all under $OUT.
+#   bash experiments/run_h200.sh OUT COMMIT LIMIT_S WORKERS STEPS LR [LR...]
+# LIMIT_S bounds the whole script: the grid gets what the checks left (less 25 s for the report
+# and the archive) and starts no job in its last 90 s.  Results resume from the committed
+# experiments/results and come back as results.tar.gz (the device returns at most 8 files).
+set -u
+START=$(date +%s)
+OUT=$1
+export VLA_VERIFY_COMMIT=$2
+LIMIT=$3
+WORKERS=$4
+STEPS=$5
+shift 5
+export PYTHONUNBUFFERED=1
+RESULTS=/tmp/experiment_results
+mkdir -p "$RESULTS"
+cp -r experiments/results/. "$RESULTS"/ 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/machine.txt" 2>&1
+timeout 75 python3 experiments/gpu_check.py "$OUT" > "$OUT/gpu_check.log" 2>&1
+echo "gpu_check exit $? after $(( $(date +%s) - START )) s"
+tail -c 1200 "$OUT/gpu_check.log"
+GRID=$(( LIMIT - ($(date +%s) - START) - 25 ))
+BUDGET=$(( GRID > 120 ? GRID - 90 : GRID / 4 ))
+echo "grid: ${GRID} s, new jobs for ${BUDGET} s"
+timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
+  --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
+  --train "steps=$STEPS" --results "$RESULTS" > "$OUT/grid.log" 2>&1
+echo "grid exit $? after $(( $(date +%s) - START )) s"
+tail -c 2500 "$OUT/grid.log"
+timeout 15 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -4
+tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+ls -la "$OUT"
