@@ -17,12 +17,22 @@ TINY = Profile(
     mp_examples=1,
     drift_T=(10, 50),
     drift_dk=4,
-    growth_T=(250, 1000, 4000),
+    growth_T=(30, 300, 3000),
     capacity_dk=6,
     capacity_trials=4,
     layer_T=1000,
     layer_seeds=1,
     jacobian_dk=(4,),
+    adversary_T0=30,
+    adversary_restarts=2,
+    adversary_steps=30,
+    joint_greedy_T=300,
+    state_dk=(2,),
+    product_dk=(2, 8),
+    product_T=32,
+    certify_long=False,
+    c1_T=(10, 100, 1000),
+    c1_float32_T=1000,
 )
 
 

@@ -537,7 +537,10 @@ def recheck_interval(cx: Counterexample, *, dps: int | None = None) -> IntervalV
         return _recheck_at(cx, dps)
     first = _recheck_at(cx, 50)
     gap = abs(cx.measured - cx.claimed)
-    if first.certified or not np.isfinite(gap) or gap == 0.0:
+    straddles = first.lower <= cx.claimed <= first.upper
+    if first.certified or not straddles or not np.isfinite(first.log10_width):
+        return first
+    if not np.isfinite(gap) or gap == 0.0:
         return first
     extra = int(np.ceil(first.log10_width - np.log10(gap))) + 30
     if extra <= 0:

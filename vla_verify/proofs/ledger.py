@@ -114,8 +114,8 @@ class Profile:
     jacobian_dk: tuple[int, ...]  # C4: widths of the random-input Jacobian survey
     # The adversary (vla_verify.properties.adversary), C4.product and C5:
     adversary_T0: int = 100  # length of the whole-sequence gradient search
-    adversary_restarts: int = 6  # restarts of a gradient search (one batch)
-    adversary_steps: int = 100  # Adam steps of a gradient search
+    adversary_restarts: int = 4  # restarts of a gradient search (one batch)
+    adversary_steps: int = 60  # Adam steps of a gradient search
     joint_greedy_T: int = 1000  # longest run of the greedy that also chooses u_t
     state_dk: tuple[int, ...] = (2,)  # C5: head widths searched
     product_dk: tuple[int, ...] = (2, 8, 64)  # C4.product: head widths searched

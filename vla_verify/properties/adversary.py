@@ -454,48 +454,66 @@ def gradient_search_product(
     steps: int = 100,
     lr: float = 0.05,
     seed: int = 0,
+    u_period: int | None = None,
 ) -> AdversaryRun:
     """Maximise (or minimise) ``log ||X_1 ⋯ X_T||₂``, ``X_t = I − k̂_t g_tᵀ`` (C4: the linear part
     of ``S_0 ↦ S_T``), over unit keys and penalties with ``||u||² = 1/dk`` (values do not enter
     the product; the returned ``v`` is ``e_1``).  ``values``: ``||X_1 ⋯ X_t||₂`` for every t of
-    the best restart."""
+    the best restart.  ``u_period``: search penalties of that period only (a periodic pattern,
+    ``u_t = u_{t mod P}``; period 1 penalises one direction throughout), None: all free."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(restarts, T, dk, generator=g, dtype=torch.float64, requires_grad=True)
-    u = torch.randn(restarts, T, dk, generator=g, dtype=torch.float64, requires_grad=True)
+    P_u = T if u_period is None else u_period
+    u_free = torch.randn(restarts, P_u, dk, generator=g, dtype=torch.float64, requires_grad=True)
+    reps = -(-T // P_u)
+
+    def tile(x: Any) -> Any:
+        return x.repeat(1, reps, 1)[:, :T]
     v0 = torch.zeros(restarts, T, 1, dtype=torch.float64)
     sign = 1.0 if maximise else -1.0
 
-    def log_norms(p: list[Any]) -> Any:
-        kh, vv, uu = _torch_project(p[0], v0, p[1])
+    w = torch.randn(restarts, dk, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def log_norm(p: list[Any]) -> Any:
+        # Maximising: ||P||₂ = max_w ||wᵀ P|| over unit w, so the row wᵀX_1⋯X_T (O(dk) per
+        # step) stands in for the matrix; minimising needs the matrix itself.
+        kh, vv, uu = _torch_project(p[0], v0, tile(p[1]))
         _, steps_ = _torch_states(config, variant, kh, vv, uu)
+        if maximise:
+            r = p[2] / p[2].norm(dim=-1, keepdim=True)
+            log_scale = torch.zeros(restarts, dtype=torch.float64)
+            for X in steps_:
+                r = (r[:, :, None] * X).sum(1)
+                f = r.norm(dim=-1).clamp_min(1e-300)
+                log_scale = log_scale + torch.log(f)
+                r = r / f[:, None]
+            return log_scale
         P = torch.eye(dk, dtype=torch.float64).expand(restarts, dk, dk)
         log_scale = torch.zeros(restarts, dtype=torch.float64)
-        out = []
         for X in steps_:
             P = P @ X
             f = P.flatten(1).norm(dim=-1).clamp_min(1e-300)
             log_scale = log_scale + torch.log(f)
             P = P / f[:, None, None]
-            out.append(log_scale + torch.log(torch.linalg.matrix_norm(P, ord=2).clamp_min(1e-300)))
-        return torch.stack(out, dim=1)
+        return log_scale + torch.log(torch.linalg.matrix_norm(P, ord=2).clamp_min(1e-300))
 
-    (best, vals), trace = _ascend([k, u], lambda p: sign * log_norms(p)[:, -1], steps, lr)
+    (best, vals), trace = _ascend([k, u_free, w], lambda p: sign * log_norm(p), steps, lr)
     r = int(torch.argmax(vals))
     with torch.no_grad():
-        logs = log_norms(best)[r].numpy()
-        kh, _, uu = _torch_project(best[0], v0, best[1])
+        kh, _, uu = _torch_project(best[0], v0, tile(best[1]))
+    k_np, u_np = kh[r].numpy().copy(), uu[r].numpy().copy()
     v = np.zeros((T, 1))
     v[:, 0] = 1.0
     word = "maximise" if maximise else "minimise"
     return AdversaryRun(
-        kh[r].numpy().copy(),
+        k_np,
         v,
-        uu[r].numpy().copy(),
-        np.exp(logs),
+        u_np,
+        product_norms(k_np, u_np, config, variant),
         f"gradient search ({word} ||X_1⋯X_T||₂), {variant} ({restarts} restarts × {steps} "
-        "Adam steps)",
+        "Adam steps" + ("" if u_period is None else f", u of period {u_period}") + ")",
         {"trace": [sign * x for x in trace], "dk": dk},
     )
 
