@@ -45,9 +45,15 @@ class NudgingOracle(NumpyOracleBackend):
 
     name = "planted_nudge"
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         return super()._run(
-            q, k, v, u, config=config.replace(nudge_period=3), initial_state=initial_state
+            q,
+            k,
+            v,
+            u,
+            config=config.replace(nudge_period=3),
+            initial_state=initial_state,
+            start=start,
         )
 
 
@@ -56,7 +62,7 @@ class SignFlippedDowndate(NumpyOracleBackend):
 
     name = "planted_sign_flip"
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         B, T, H, dk = q.shape
         if initial_state is None:
             A = np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk)).copy()
@@ -71,3 +77,11 @@ class SignFlippedDowndate(NumpyOracleBackend):
             A = A + s[..., :, None] * s[..., None, :] / d[..., None, None]
         o = np.zeros(v.shape)
         return o, (S, A, z)
+
+
+def mp_recurrence_off_by_one(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Planted: the mpmath recurrence with 1 added to every entry of A (breaks C1's reference)."""
+    from vla_verify.oracle import recurrence_mp
+
+    o, (S, A, z) = recurrence_mp(*args, **kwargs)
+    return o, (S, A + 1.0, z)
