@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from claims_support import (
     NudgingOracle,
     SignFlippedDowndate,
@@ -84,6 +85,9 @@ def test_c3_vla_fails_minimally_and_rls_holds(tmp_path):
     assert rls.verdict is Verdict.HOLDS
     assert "B=1 T=1 H=1 dk=1" in " ".join(vla.evidence)  # shrunk to the smallest dk and T
     assert "objective_minimised_by_step" in vla.figures
+    # The interpretable figure: at t = 1 with u ⊥ k the distance from the argmin is λ0 exactly.
+    assert vla.figures["rel_error_t1_u_perp_k"] == pytest.approx(vla.figures["lambda0"], rel=1e-12)
+    assert rls.figures["rel_error_t1_u_perp_k"] < 1e-14
     json.dumps(vla.to_dict())
     if vla.counterexample:
         assert (tmp_path / "counterexamples").is_dir()
