@@ -121,3 +121,14 @@ def test_c4_product_certificate_on_a_known_vanishing_product():
         "C4.product", "jacobian_product_vanishing", case, config, (0, 1, 0)
     )
     assert not certificates.recheck_interval(early).certified  # 1/2 is not below 0.1
+
+
+@pytest.mark.slow
+def test_c5_longest_counterexample_replays_through_the_cli(c5_results, capsys):
+    """``vla-verify claims --replay`` certifies the longest file, raising the interval precision
+    to what the length needs."""
+    from vla_verify import cli
+
+    assert cli.main(["claims", "--replay", c5_results["C5.paper"].counterexample]) == 0
+    out = capsys.readouterr().out
+    assert "still fails: yes" in out and "certified" in out

@@ -6,7 +6,7 @@ it the plots are skipped with a note (``import vla_verify`` never needs it).
 Plots (from the series the claims record):
 
 - ``state_norms.png`` — ``||S_t||_F`` against t for linear / delta / vla / rls on random
-  layer-like inputs and on the adversarial shear family (claim C5);
+  layer-like inputs and on the adversary's worst inputs (claim C5);
 - ``jacobian_norms.png`` — the distribution of per-step ``||J_t||₂`` by dk (claim C4);
 - ``sm_drift.png`` — the Sherman–Morrison relative error against T in float64, float32 and
   bfloat16 (claim C1).
@@ -136,7 +136,7 @@ def plot_all(report: LedgerReport, outdir: str | Path) -> tuple[dict[str, str], 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, data, title in (
             (axes[0], rnd, "random layer-like inputs (dk 16)"),
-            (axes[1], adv, "adversarial shear family"),
+            (axes[1], adv, "adversary (greedy rule replay, dk 2)"),
         ):
             for name, norms in (data or {}).items():
                 ax.plot(range(1, len(norms) + 1), norms, label=name)
