@@ -67,7 +67,7 @@ class GrowthAssessment:
 
 
 def growth_verdict(
-    lengths: Sequence[int],
+    lengths: Sequence[float],
     values: Sequence[float],
     *,
     calibrated: bool,
@@ -148,7 +148,7 @@ class AccuracyAssessment:
 
 
 def accuracy_verdict(
-    lengths: Sequence[int],
+    lengths: Sequence[float],
     errors: Sequence[float],
     budgets: Sequence[float],
     *,

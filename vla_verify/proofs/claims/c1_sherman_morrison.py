@@ -128,7 +128,7 @@ def drift(
             )
         }
         marks = sorted({T for T in lengths if T <= T_end} | {T_end} | grid)
-        state = None
+        state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         done = 0
         rows: dict[str, list[float]] = {"T": [], "error": [], "budget": [], "kappa": []}
         for T in marks:
@@ -141,7 +141,8 @@ def drift(
             )
             # The state goes back in float64 (the inputs' dtype); its values are already
             # representable in the working precision, which rounds nothing more.
-            state = tuple(np.asarray(x, dtype=np.float64) for x in r.state)
+            S_, A_, z_ = (np.asarray(x, dtype=np.float64) for x in r.state)
+            state = (S_, A_, z_)
             done = T
             ref, kappa = reference_inverse(u[0, :, 0], config.lambda0, T)
             A = np.asarray(state[1], dtype=np.float64)[0, 0]

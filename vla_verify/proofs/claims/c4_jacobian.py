@@ -24,6 +24,8 @@ Sub-claims and methods:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -252,7 +254,7 @@ def run_product(ctx: Context, *, variant: str = "vla") -> ClaimResult:
     T = min(p.product_T, 64)
     calibration = adversary.max_rank_one_deviation(4, restarts=4, steps=100, seed=ctx.seed)
     calibrated = calibration >= 0.95 * 2.0
-    table: dict[str, dict[str, float]] = {}
+    table: dict[str, dict[str, Any]] = {}
     best: tuple[float, adversary.AdversaryRun, VLAConfig, str] | None = None
     worst_dk64: tuple[float, adversary.AdversaryRun, VLAConfig] | None = None
     bar = ctx.bar(f"C4.product adversary ({variant})", 2 * len(p.product_dk))
