@@ -14,9 +14,13 @@ Sub-claims and methods:
   all hold, the verdict is HOLDS_ONLY_IF that condition.  The exact norm ``σ₊(c_t)`` is checked by
   :func:`~vla_verify.properties.invariants.jacobian_norm_formula` and proved by
   :func:`vla_verify.proofs.symbolic.prove_rank_one_singular_values`.
-- ``C4.product`` — neither explode nor vanish, formalised as
-  ``10^-1 ≤ ||J_t ⋯ J_1||₂ ≤ 10`` for every t: searched (minimal counterexample by shrinking),
-  and measured on long random inputs and on the adversarial "shear" family of C5.
+- ``C4.product`` — "explode" formalised as ``||J_t ⋯ J_1||₂ > 10`` for some t ≤ 64: the
+  adversary engine (:mod:`vla_verify.properties.adversary`: gradient search over whole
+  sequences, greedy adaptive adversary) maximises the product at dk ∈ ``profile.product_dk`` and
+  λ0 ∈ {0.1, 1}; the ceiling rule of :mod:`vla_verify.proofs.verdicts` decides; the largest
+  product is the counterexample.  A proven bound ``Π σ₊(c_min(κ_t))`` (:func:`product_bound`)
+  stands beside each search.  Vanishing (``< 0.1``) is searched for vla and the delta rule and
+  reported beside the verdict: the delta rule's projections vanish too.
 - ``C4.unnormalised`` — ``log10 ||J_25 ⋯ J_1||₂`` at dk = 96 with ``normalize_gate=False`` on
   layer-like inputs, against the paper's 32 (±2).  A proven bound is reported beside it:
   ``||J_t||₂ ≤ 1 + ||α_t|| ≤ 1 + ||A_t||₂ ≤ 1 + 1/lambda0`` (+ the nudges' ``t/P·η``).
