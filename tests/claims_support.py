@@ -17,12 +17,22 @@ TINY = Profile(
     mp_examples=1,
     drift_T=(10, 50),
     drift_dk=4,
-    growth_T=(250, 1000, 4000),
+    growth_T=(30, 300, 3000),
     capacity_dk=6,
     capacity_trials=4,
     layer_T=1000,
     layer_seeds=1,
     jacobian_dk=(4,),
+    adversary_T0=30,
+    adversary_restarts=2,
+    adversary_steps=30,
+    joint_greedy_T=300,
+    state_dk=(2,),
+    product_dk=(2, 8),
+    product_T=32,
+    certify_long=False,
+    c1_T=(10, 100, 1000),
+    c1_float32_T=1000,
 )
 
 
@@ -35,9 +45,15 @@ class NudgingOracle(NumpyOracleBackend):
 
     name = "planted_nudge"
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         return super()._run(
-            q, k, v, u, config=config.replace(nudge_period=3), initial_state=initial_state
+            q,
+            k,
+            v,
+            u,
+            config=config.replace(nudge_period=3),
+            initial_state=initial_state,
+            start=start,
         )
 
 
@@ -46,7 +62,7 @@ class SignFlippedDowndate(NumpyOracleBackend):
 
     name = "planted_sign_flip"
 
-    def _run(self, q, k, v, u, *, config, initial_state):  # type: ignore[no-untyped-def]
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         B, T, H, dk = q.shape
         if initial_state is None:
             A = np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk)).copy()
@@ -61,3 +77,11 @@ class SignFlippedDowndate(NumpyOracleBackend):
             A = A + s[..., :, None] * s[..., None, :] / d[..., None, None]
         o = np.zeros(v.shape)
         return o, (S, A, z)
+
+
+def mp_recurrence_off_by_one(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Planted: the mpmath recurrence with 1 added to every entry of A (breaks C1's reference)."""
+    from vla_verify.oracle import recurrence_mp
+
+    o, (S, A, z) = recurrence_mp(*args, **kwargs)
+    return o, (S, A + 1.0, z)

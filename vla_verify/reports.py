@@ -181,9 +181,8 @@ _VARIANT_WORDS = {
     "linear": "linear attention",
     "delta": "delta rule",
     "rls": "recursive least squares (RLS)",
-    "adversarial paper": "VLA, paper preset (nudges on)",
-    "adversarial exact": "VLA without nudges",
-    "adversarial linear": "linear attention",
+    "vla.paper": "VLA, paper preset (nudges on)",
+    "vla.exact": "VLA without nudges (exact preset)",
 }
 _DTYPE_WORDS = {
     "float64": "float64 arithmetic",
@@ -202,7 +201,7 @@ def figures(report: LedgerReportLike) -> dict[str, Any]:
     """The plots as matplotlib figures, ``{name: Figure}`` (matplotlib must be importable):
 
     - ``state_norms`` — the state norm against the token index on random layer-like inputs and
-      on the adversarial shear family, per variant (claim C5);
+      on the adversary engine's worst inputs, per variant (claim C5);
     - ``jacobian_norms`` — histograms of the per-step Jacobian's spectral norm by head width
       (claim C4);
     - ``sm_drift`` — the running inverse's relative error against T per arithmetic (claim C1).
@@ -221,7 +220,7 @@ def figures(report: LedgerReportLike) -> dict[str, Any]:
         colours: dict[str, str] = {}
         for ax, data, title in (
             (axes[0], rnd, "random layer-like inputs (head width 16)"),
-            (axes[1], adv, "adversarial shear family (the claim's worst case)"),
+            (axes[1], adv, "adversary's worst inputs (head width 2)"),
         ):
             for name, norms in (data or {}).items():
                 label = _VARIANT_WORDS.get(name, name)

@@ -342,6 +342,7 @@ class IntervalVerdict:
     relation: str
     dps: int
     detail: str
+    log10_width: float = float("-inf")  # log10(upper − lower), finite where the floats overflow
 
 
 def _iv_recurrence(
@@ -517,11 +518,37 @@ def _spectral_norm_enclosure(M: list, dk: int) -> Any:
     return iv.mpf([lower.a, upper.b])
 
 
-def recheck_interval(cx: Counterexample, *, dps: int = 50) -> IntervalVerdict:
+#: Most digits :func:`recheck_interval` works at when it raises the precision by itself.
+MAX_DPS = 6000
+
+
+def recheck_interval(cx: Counterexample, *, dps: int | None = None) -> IntervalVerdict:
     """Recompute ``cx``'s figure from its exact inputs in ``mpmath.iv`` at ``dps`` digits and
     decide whether the enclosing interval lies strictly on the violating side of the claim:
     ``==``: the interval excludes ``claimed``; ``<``: ``lower >= claimed``; ``<=``:
-    ``lower > claimed``; ``>=``: ``upper < claimed``."""
+    ``lower > claimed``; ``>=``: ``upper < claimed``.
+
+    ``dps=None`` chooses the precision: 50 digits first; when that interval is too wide to
+    decide, the enclosure's width grows with T (interval arithmetic loses the correlations of
+    the recurrence's non-normal steps, a factor per step), so the check is repeated with the
+    digits the first width asks for — ``log10(width / gap)`` more, ``gap`` the float64 distance of
+    the figure from the claimed value — up to :data:`MAX_DPS`."""
+    if dps is not None:
+        return _recheck_at(cx, dps)
+    first = _recheck_at(cx, 50)
+    gap = abs(cx.measured - cx.claimed)
+    straddles = first.lower <= cx.claimed <= first.upper
+    if first.certified or not straddles or not np.isfinite(first.log10_width):
+        return first
+    if not np.isfinite(gap) or gap == 0.0:
+        return first
+    extra = int(np.ceil(first.log10_width - np.log10(gap))) + 30
+    if extra <= 0:
+        return first
+    return _recheck_at(cx, min(MAX_DPS, 50 + extra))
+
+
+def _recheck_at(cx: Counterexample, dps: int) -> IntervalVerdict:
     saved = mpmath.iv.dps
     mpmath.iv.dps = dps
     try:
@@ -552,7 +579,12 @@ def recheck_interval(cx: Counterexample, *, dps: int = 50) -> IntervalVerdict:
         f"{cx.quantity} ∈ [{lo_s}, {hi_s}] (mpmath.iv, {dps} digits, exact float inputs): "
         f"{side} '{cx.quantity} {cx.relation} {cx.claimed:g}'"
     )
-    return IntervalVerdict(certified, lo_f, hi_f, float(cx.claimed), cx.relation, dps, detail)
+    with mpmath.mp.workdps(30):
+        w = mpmath.mpf(hi_mpf) - mpmath.mpf(lo_mpf)
+        log10_width = float(mpmath.log10(w)) if w > 0 else float("-inf")
+    return IntervalVerdict(
+        certified, lo_f, hi_f, float(cx.claimed), cx.relation, dps, detail, log10_width
+    )
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -586,7 +618,7 @@ class ReplayResult:
         )
 
 
-def replay(path: str | Path | Counterexample, *, dps: int = 50) -> ReplayResult:
+def replay(path: str | Path | Counterexample, *, dps: int | None = None) -> ReplayResult:
     """Reload a counterexample (a path or the object), recompute its figure in float64 and
     re-check it in interval arithmetic (used by ``vla-verify claims --replay FILE``)."""
     cx = path if isinstance(path, Counterexample) else load(path)

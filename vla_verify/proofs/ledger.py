@@ -112,6 +112,17 @@ class Profile:
     layer_T: int  # C6 (spec: T = 1000)
     layer_seeds: int
     jacobian_dk: tuple[int, ...]  # C4: widths of the random-input Jacobian survey
+    # The adversary (vla_verify.properties.adversary), C4.product and C5:
+    adversary_T0: int = 100  # length of the whole-sequence gradient search
+    adversary_restarts: int = 4  # restarts of a gradient search (one batch)
+    adversary_steps: int = 60  # Adam steps of a gradient search
+    joint_greedy_T: int = 1000  # longest run of the greedy that also chooses u_t
+    state_dk: tuple[int, ...] = (2,)  # C5: head widths searched
+    product_dk: tuple[int, ...] = (2, 8, 64)  # C4.product: head widths searched
+    product_T: int = 50  # C4.product: longest product searched (≤ 64)
+    certify_long: bool = False  # interval re-check of the longest C5 counterexample in-run
+    c1_T: tuple[int, ...] = (10, 100, 1000, 10000)  # C1: drift lengths per precision
+    c1_float32_T: int = 10000  # C1: longest float32 drift
 
 
 PROFILES: dict[str, Profile] = {
@@ -123,7 +134,7 @@ PROFILES: dict[str, Profile] = {
         mp_examples=3,
         drift_T=(10, 100, 1000),
         drift_dk=16,
-        growth_T=(250, 1000, 4000),
+        growth_T=(100, 1000, 10000),
         capacity_dk=16,
         capacity_trials=3,
         layer_T=1000,
@@ -138,12 +149,20 @@ PROFILES: dict[str, Profile] = {
         mp_examples=12,
         drift_T=(10, 100, 1000, 4000, 10000),
         drift_dk=32,
-        growth_T=(250, 1000, 4000, 16000, 64000),
+        growth_T=(100, 1000, 10000, 100000),
         capacity_dk=32,
         capacity_trials=10,
         layer_T=1000,
         layer_seeds=5,
         jacobian_dk=(2, 4, 16, 32, 64, 96),
+        adversary_restarts=16,
+        adversary_steps=300,
+        joint_greedy_T=10000,
+        state_dk=(2, 4),
+        product_T=64,
+        certify_long=True,
+        c1_T=(10, 100, 1000, 10000, 100000),
+        c1_float32_T=1000000,
     ),
 }
 

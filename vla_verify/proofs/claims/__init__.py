@@ -131,12 +131,15 @@ def certify(
     claimed: float | None = None,
     bound: float | None = None,
     note: str = "",
+    check_interval: bool = True,
 ) -> tuple[str | None, bool | None, str]:
     """Save a counterexample as ``ctx.outdir/counterexamples/<claim_id>.json`` and re-check it in
     interval arithmetic (:mod:`vla_verify.proofs.certificates`: ``from_case``, ``save``,
     ``recheck_interval``).
 
     ``quantity`` is one of ``certificates.QUANTITIES``; ``where`` the violating ``(b, t, h)``.
+    ``check_interval=False`` saves without the interval re-check (``certified`` None), for a
+    file whose check takes minutes (``vla-verify claims --replay`` runs it).
     Returns ``(path, certified, text for the evidence)``.
     """
     from .. import certificates
@@ -154,6 +157,13 @@ def certify(
         note=note,
     )
     path = certificates.save(cx, ctx.counterexample_dir / f"{claim_id}.json")
+    if not check_interval:
+        return (
+            str(path),
+            None,
+            f"counterexample {path}: {cx.describe()}; interval re-check left to "
+            f"`vla-verify claims --replay {path}`",
+        )
     try:
         verdict = certificates.recheck_interval(cx)
     except (ValueError, NotImplementedError) as exc:

@@ -3,96 +3,129 @@
 Claim: under bounded inputs (``||v_t|| ≤ 1``, unit keys) ``sup_t ||S_t||_F`` is bounded
 independently of T, whereas linear attention grows as O(T).
 
-Why it can fail: ``S_t = S_{t-1}(I − k̂_t α̂_tᵀ) + v_t α̂_tᵀ`` with a non-normal transition.  When
-``A_t`` is ill-conditioned, ``α̂_t = A_t k̂_t/||A_t k̂_t||`` can be nearly orthogonal to ``k̂_t``
-(``c_t = α̂_tᵀk̂_t`` small): the step then *shears* — the row component along ``k̂_t`` is moved
-into ``α̂_t`` instead of being erased — and ``||S||`` builds up like ``1/c_t``.  Penalising one
-direction every step makes ``κ(A_t)`` grow like t, so ``c_t`` can fall like ``t^{-1/2}``.
+Input class: unit keys, ``||v_t|| ≤ 1``, ``||u_t||² = 1/dk`` (the layer's penalties, spec §2.5),
+chosen by an adversary that sees the state; ``S_0 = 0``, ``A_0 = I/lambda0``.
 
-The *shear family* (:func:`shear_case`) is that construction, with free parameters that a
-Hypothesis search tunes (``target`` = ``sup_t ||S_t||_F``): width dk, the key tilt exponent
-``power`` (``k̂_t ∝ e_2 + t_eff^{-power} e_1``), the penalty direction's mix and the value
-pattern.  Every member has ``||v_t|| = 1``, unit keys and ``||u_t||² = 1/dk`` (spec §2.5).
+Method (the adversary engine, :mod:`vla_verify.properties.adversary`), per setting — linear,
+delta (paper preset; neither uses ``u``), vla under the paper preset and under the exact preset
+(no nudges), rls (exact preset):
 
-Method:
+1. a gradient search over whole sequences at ``T₀`` (``profile.adversary_T0``) maximises
+   ``||S_T₀||_F``; its penalties' principal direction becomes a rule (``u_t`` constant along it);
+2. the greedy adaptive adversary replays that rule — keys and values chosen from the current
+   state — up to the longest length (``profile.growth_T[-1]``), and the fully greedy adversary
+   (choosing ``u_t`` too) runs up to ``profile.joint_greedy_T``; both are causal, so their
+   prefixes are their runs at every shorter T;
+3. the worst run at the longest T is re-measured by the float64 oracle, its ``sup_{t≤T}`` read at
+   log-spaced T over the whole range, and the growth rule of :mod:`vla_verify.proofs.verdicts`
+   (log-log least squares over all those lengths and over the last decade) decides — after the
+   engine's calibration (delta rule √T, linear attention T) has been checked in the same run.
 
-1. Random inputs (layer-like, and :func:`~vla_verify.properties.strategies.cases` with values
-   clipped to norm ≤ 1): ``sup_t ||S_t||_F`` for linear, delta, vla, rls (the plots).
-2. Adversarial: a Hypothesis search over the shear family at T = ``growth_T[1]``, then the best
-   member at every T of ``growth_T``.  Growth is *unbounded* when the fitted exponent
-   ``p = Δlog sup / Δlog T`` over the last two lengths is ≥ 0.1 and not decelerating (≥ 0.75× the
-   exponent of the previous pair); otherwise it is saturating within the tested T.
-3. Verdict per configuration: the paper preset (nudges on) and the exact preset (no nudges).
-   FAILS when the paper preset grows without bound; HOLDS_ONLY_IF nudges when only the exact
-   preset does; HOLDS when neither.  The counterexample is the family member at the longest T,
-   certified as ``||S_T||_F > sup_t≤T0 ||S_t||_F`` of the shortest length: certified growth.
+Sub-verdicts ``C5.paper`` and ``C5.exact`` (vla under each preset); the baselines' figures stand
+beside them.  A FAILS verdict carries the longest counterexample (``T = 10⁴``), the claim being
+refuted in the form "``||S_T||_F ≤ sup_{t ≤ T_min} ||S_t||_F``" (the state keeps growing after
+the first ``T_min`` tokens); its interval re-check needs about ``0.2·T`` digits (``--replay``
+chooses them); a prefix at ``10³`` is certified in-run as well.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
-from hypothesis import strategies as st
 
-from ...properties import invariants
-from ...properties.strategies import Case
+from ...properties import adversary, invariants
 from ...spec import VLAConfig
 from ..ledger import Claim, ClaimResult, Context, Verdict
-from . import certify, layer_penalties, search_max, unit
+from ..verdicts import growth_verdict
+from . import certify, layer_penalties, unit
 
-__all__ = ["CLAIM", "growth", "random_norms", "run", "shear_case"]
+__all__ = ["CLAIM", "SETTINGS", "calibration", "random_norms", "run", "worst_runs"]
 
 STATEMENT = (
     "Under bounded inputs (||v_t|| ≤ 1, unit keys), sup_t ||S_t||_F is bounded independently of "
     "T, whereas linear attention grows as O(T)."
 )
+INPUT_CLASS = (
+    "unit keys, ||v_t|| ≤ 1, ||u_t||² = 1/dk, chosen adaptively from the state; S_0 = 0, "
+    "A_0 = I/lambda0"
+)
+#: name -> (variant, preset name)
+SETTINGS: dict[str, tuple[str, str]] = {
+    "linear": ("linear", "paper"),
+    "delta": ("delta", "paper"),
+    "vla.paper": ("vla", "paper"),
+    "vla.exact": ("vla", "exact"),
+    "rls": ("rls", "exact"),
+}
+#: The length of the saved counterexample (the issue's longest T; longer runs feed the fit).
+COUNTEREXAMPLE_T = 10_000
+#: Calibration must reach this fraction of the known worst case.
+CALIBRATION = 0.95
 
 
-def shear_case(
-    T: int,
-    dk: int = 2,
-    *,
-    power: float = 0.5,
-    mix: float = 0.0,
-    flip_values: bool = False,
-    lambda0: float = 0.1,
-) -> Case:
-    """The adversarial family (module docstring): ``B = H = 1``, float64, ``||v_t|| = 1``."""
-    if dk < 2:
-        raise ValueError(f"dk: expected >= 2, got {dk}")
-    t = np.arange(1, T + 1)
-    e1, e2 = np.eye(dk)[0], np.eye(dk)[1]
-    tail = np.zeros(dk)
-    if dk > 2:
-        tail[2:] = 1.0 / np.sqrt(dk - 2)
-    penal = unit(e2 + mix * tail)
-    u = np.broadcast_to(penal / np.sqrt(dk), (T, dk))
-    tilt = (1.0 / (lambda0 + t / dk)) ** power
-    k = e2[None] + tilt[:, None] * e1[None]
-    sign = np.where((t % 2 == 0) & flip_values, -1.0, 1.0)
-    v = sign[:, None] * e1[None]
-    q = np.abs(k) + 0.1
-    return Case(
-        *(x[None, :, None, :].astype(np.float64) for x in (q, k, v, u)),
-        None,
-        1,
-        {"family": f"shear(power={power:.3g}, mix={mix:.3g}, flip={flip_values})"},
+def _config(preset: str) -> VLAConfig:
+    return VLAConfig() if preset == "paper" else VLAConfig.exact()
+
+
+def calibration(T: int = 200) -> dict[str, float]:
+    """The greedy adversary's reach on the problems with a closed-form worst case, as a fraction
+    of it: delta rule ``√T`` and linear attention ``T`` (dk = 2)."""
+    out = {}
+    for variant in ("delta", "linear"):
+        run_ = adversary.greedy_state_norm(VLAConfig(), variant, T, 2, candidates=16)
+        out[variant] = run_.value / adversary.known_worst_state_norm(variant, T)
+    return out
+
+
+def worst_runs(
+    ctx: Context, variant: str, config: VLAConfig, dk: int
+) -> tuple[adversary.AdversaryRun, list[dict[str, Any]]]:
+    """Every adversary's run for one setting and the worst one at the longest length."""
+    p = ctx.profile
+    T_max = p.growth_T[-1]
+    runs: list[adversary.AdversaryRun] = []
+    notes: list[dict[str, Any]] = []
+    uses_u = variant in ("vla", "rls")
+    if uses_u:
+        grad = adversary.gradient_search_state_norm(
+            config,
+            variant,
+            p.adversary_T0,
+            dk,
+            restarts=p.adversary_restarts,
+            steps=p.adversary_steps,
+            seed=ctx.seed,
+        )
+        rule, fraction = adversary.rule_from_search(grad)
+        notes.append(
+            {
+                "adversary": "gradient search",
+                "T": grad.T,
+                "value": grad.value,
+                "u_fraction_on_principal_direction": fraction,
+            }
+        )
+        replay = adversary.greedy_state_norm(
+            config, variant, T_max, dk, rule=rule, candidates=64, refinements=4, seed=ctx.seed
+        )
+        runs.append(replay)
+        notes.append({"adversary": replay.method, "T": T_max, "value": replay.value})
+    joint_T = T_max if not uses_u else min(p.joint_greedy_T, T_max)
+    joint = adversary.greedy_state_norm(
+        config,
+        variant,
+        joint_T,
+        dk,
+        candidates=16 if not uses_u else 24,
+        refinements=3,
+        seed=ctx.seed,
     )
-
-
-def _sup(case: Case, config: VLAConfig, variant: str = "vla") -> float:
-    norms = invariants.state_norms(case, config, variant=variant)
-    return float(np.max(np.where(np.isfinite(norms), norms, np.inf)))
-
-
-def growth(sups: list[float], lengths: list[int]) -> tuple[float, bool]:
-    """``(last exponent, unbounded?)`` from ``sup`` at increasing ``lengths`` (module docstring)."""
-    logs = np.log(np.maximum(sups, 1e-300))
-    exps = np.diff(logs) / np.diff(np.log(lengths))
-    last = float(exps[-1])
-    previous = float(exps[-2]) if len(exps) >= 2 else last
-    return last, bool(last >= 0.1 and last >= 0.75 * previous)
+    runs.append(joint)
+    notes.append({"adversary": joint.method, "T": joint_T, "value": joint.value})
+    longest = [r for r in runs if r.T == T_max]
+    return max(longest, key=lambda r: r.value), notes
 
 
 def random_norms(T: int, dk: int, seed: int) -> dict[str, list[float]]:
@@ -101,6 +134,8 @@ def random_norms(T: int, dk: int, seed: int) -> dict[str, list[float]]:
     k_raw = rng.standard_normal((1, T, 1, dk))
     k = np.where(k_raw > 0, k_raw + 1, np.exp(np.minimum(k_raw, 0)))
     v = unit(rng.standard_normal((1, T, 1, dk)))
+    from ...properties.strategies import Case
+
     case = Case(k, k, v, layer_penalties(rng, k_raw), None, 1)
     out = {}
     for variant in ("linear", "delta", "vla", "rls"):
@@ -109,153 +144,184 @@ def random_norms(T: int, dk: int, seed: int) -> dict[str, list[float]]:
     return out
 
 
-def run(ctx: Context, *, variant: str = "vla") -> list[ClaimResult]:
-    """``variant`` is the recurrence the claim is about (``linear`` etc. for the meta-tests)."""
+def _grid(T_min: int, T_max: int) -> list[int]:
+    n = round(4 * math.log10(T_max / T_min)) + 1
+    return sorted({round(float(x)) for x in np.geomspace(T_min, T_max, n)})
+
+
+def run(ctx: Context) -> list[ClaimResult]:
     p = ctx.profile
     lengths = list(p.growth_T)
-    T_search = lengths[1]
-    dk_max = max(2, min(p.max_dk, 8))
-
-    params = st.fixed_dictionaries(
-        {
-            "dk": st.integers(2, dk_max),
-            "power": st.floats(0.0, 1.0),
-            "mix": st.floats(0.0, 1.0),
-            "flip_values": st.booleans(),
-        }
-    )
-    exact = VLAConfig.exact()
-
-    def config_for(base: VLAConfig) -> VLAConfig:
-        return VLAConfig.exact() if variant == "rls" else base
-
-    bar = ctx.bar(f"C5 adversarial search ({variant})", p.examples // 2)
-    best_sup, best, n = search_max(
-        params,
-        lambda kw: _sup(shear_case(T_search, **kw), config_for(exact), variant),
-        examples=max(10, p.examples // 2),
-        seed=ctx.seed,
-        label="sup ||S_t||_F",
-        progress=bar,
-    )
+    T_min, T_max = lengths[0], lengths[-1]
+    grid = _grid(T_min, T_max)
+    reach = calibration()
+    calibrated = all(r >= CALIBRATION for r in reach.values())
+    table: dict[str, dict[str, Any]] = {}
+    worst_inputs: dict[str, adversary.AdversaryRun] = {}
+    series: dict[str, list[float]] = {}
+    bar = ctx.bar("C5 adversary", len(SETTINGS) * len(p.state_dk))
+    i = 0
+    for dk in p.state_dk:
+        for name, (variant, preset) in SETTINGS.items():
+            config = _config(preset)
+            worst, notes = worst_runs(ctx, variant, config, dk)
+            # The oracle re-measures the adversary's inputs (float64, spec §2.3).
+            norms = invariants.state_norms(worst.case(), config, variant=variant)[0, :, 0]
+            sup = adversary.running_sup(norms)
+            assessment = growth_verdict(grid, [sup[T - 1] for T in grid], calibrated=calibrated)
+            exponent, r2 = adversary.fit_exponent(grid, [sup[T - 1] for T in grid])
+            agreement = float(np.max(np.abs(norms - worst.values) / np.maximum(norms, 1e-300)))
+            key = f"{name} dk={dk}"
+            table[key] = {
+                "variant": variant,
+                "preset": preset,
+                "dk": dk,
+                "sup_at_T": {T: float(sup[T - 1]) for T in lengths},
+                "exponent": exponent,
+                "r2": r2,
+                "last_decade_exponent": assessment.last_decade_exponent,
+                "verdict": assessment.verdict,
+                "reason": assessment.reason,
+                "adversary": worst.method,
+                "searches": notes,
+                "oracle_vs_search_rel": agreement,
+            }
+            worst_inputs[key] = worst
+            if dk == p.state_dk[0]:
+                series[name] = norms.tolist()
+            i += 1
+            bar(i)
     bar.close()
-    # The analytic construction (tilt ~ κ^{-1/2}: power 1/2) seeds the search.
-    seed_member = {"dk": 2, "power": 0.5, "mix": 0.0, "flip_values": False}
-    # The growth test decides, so keep whichever candidate grows faster (exact preset) between
-    # the last two lengths: the search's best (largest state at T_search) or the construction.
-    candidates = [seed_member] + ([best] if best is not None else [])
-
-    def late_growth(kw: dict[str, Any]) -> float:
-        sups = [_sup(shear_case(T, **kw), config_for(exact), variant) for T in lengths[-2:]]
-        return float(np.log(sups[1] / sups[0]))
-
-    best = max(candidates, key=late_growth)
-    best_sup = _sup(shear_case(T_search, **best), config_for(exact), variant)
-    results: dict[str, dict[str, Any]] = {}
-    series: dict[str, Any] = {}
-    for name, config in (("paper", VLAConfig()), ("exact", exact)):
-        config = config_for(config)
-        sups = [_sup(shear_case(T, **best), config, variant) for T in lengths]
-        exponent, unbounded = growth(sups, lengths)
-        results[name] = {"sup": sups, "exponent": exponent, "unbounded": unbounded}
-    longest = lengths[-1]
-    for name, config in (("paper", VLAConfig()), ("exact", exact)):
-        case = shear_case(longest, **best)
-        series[f"adversarial {name}"] = invariants.state_norms(
-            case, config_for(config), variant=variant
-        )[0, :, 0].tolist()
-    lin_case = shear_case(longest, **best)
-    series["adversarial linear"] = invariants.state_norms(lin_case, VLAConfig(), variant="linear")[
-        0, :, 0
-    ].tolist()
-    rnd = random_norms(lengths[1], 16, ctx.seed)
-    # Linear attention's own growth on the same family (the paper's O(T) baseline).
-    lin_sups = [_sup(shear_case(T, **best), VLAConfig(), "linear") for T in lengths]
-    lin_exponent, _ = growth(lin_sups, lengths)
-
-    paper_unbounded = results["paper"]["unbounded"]
-    exact_unbounded = results["exact"]["unbounded"]
-    failing = int(paper_unbounded) + int(exact_unbounded)
-    verdict = Verdict.from_search(
-        failing, condition_separates=exact_unbounded and not paper_unbounded
-    )
-    evidence = [
-        f"adversarial search: {n} members of the shear family at T = {T_search}; best "
-        f"sup ||S_t||_F = {best_sup:.3g} with {best}",
-        *(
-            f"{name} preset, best member: sup ||S_t||_F at T = {lengths} → "
-            f"{[round(s, 2) for s in r['sup']]}; exponent {r['exponent']:.3f} → "
-            f"{'unbounded (not decelerating)' if r['unbounded'] else 'saturating'}"
-            for name, r in results.items()
-        ),
-        f"linear attention on the same inputs: sup {[round(s, 1) for s in lin_sups]}, "
-        f"exponent {lin_exponent:.2f}",
-        f"random layer-like inputs (dk 16, T {lengths[1]}): final ||S_T||_F "
-        + ", ".join(f"{v} {norms[-1]:.3g}" for v, norms in rnd.items()),
+    dk0 = p.state_dk[0]
+    delta_worst = {T: adversary.known_worst_state_norm("delta", T) for T in lengths}
+    baseline_lines = [
+        f"{key}: sup ||S_t||_F at T = {lengths}: "
+        f"{[round(x, 3) for x in row['sup_at_T'].values()]}, exponent {row['exponent']:.3f} "
+        f"(r² {row['r2']:.3f}) — {row['verdict'].value}: {row['reason']}; worst by "
+        f"{row['adversary']}; "
+        + "; ".join(
+            f"{n['adversary']}: {n['value']:.4g} at T = {n['T']}"
+            + (
+                f" (u {n['u_fraction_on_principal_direction']:.2f} on its principal direction)"
+                if "u_fraction_on_principal_direction" in n
+                else ""
+            )
+            for n in row["searches"]
+        )
+        for key, row in table.items()
     ]
-    counterexample = certified = None
-    if failing:
-        which = "paper" if paper_unbounded else "exact"
-        config = config_for(VLAConfig() if which == "paper" else exact)
-        sups = results[which]["sup"]
-        threshold = sups[0]
-        # The shortest tested length whose sup clearly exceeds the first one's.
-        i = next((i for i in range(1, len(sups)) if sups[i] > 1.5 * threshold), len(sups) - 1)
-        case = shear_case(lengths[i], **best)
-        norms = invariants.state_norms(case, config, variant=variant)
-        where = (0, int(np.argmax(norms[0, :, 0])), 0)
-        counterexample, certified, note = certify(
+    results = []
+    for preset in ("paper", "exact"):
+        rows = {k: r for k, r in table.items() if r["variant"] == "vla" and r["preset"] == preset}
+        key0 = f"vla.{preset} dk={dk0}"
+        row0 = table[key0]
+        verdicts = [r["verdict"] for r in rows.values()]
+        verdict = Verdict.from_results(verdicts)
+        worst_key = max(rows, key=lambda k: rows[k]["sup_at_T"][T_max])
+        T_cx = min(COUNTEREXAMPLE_T, T_max)
+        figures = {
+            "preset": preset,
+            "input_class": INPUT_CLASS,
+            "T": lengths,
+            "dk": list(p.state_dk),
+            "sup_at_T": {k: r["sup_at_T"] for k, r in table.items()},
+            "exponent": {k: r["exponent"] for k, r in table.items()},
+            f"exponent_vla_{preset}": row0["exponent"],
+            f"state_norm_at_T{T_cx}": row0["sup_at_T"].get(T_cx, float(np.nan)),
+            "ratio_to_delta_worst_case": {T: row0["sup_at_T"][T] / delta_worst[T] for T in lengths},
+            "calibration": reach,
+            "fit_lengths": grid,
+        }
+        evidence = [
+            f"calibration in this run: the greedy adversary reaches {reach['delta']:.3f} of the "
+            f"delta rule's √T and {reach['linear']:.3f} of linear attention's T (needs ≥ "
+            f"{CALIBRATION}): {'calibrated' if calibrated else 'NOT calibrated'}",
+            *baseline_lines,
+            f"vla ({preset}) at dk = {dk0} against the delta rule's tight worst case √T: "
+            + ", ".join(
+                f"T = {T}: {figures['ratio_to_delta_worst_case'][T]:.3g}×" for T in lengths
+            ),
+        ]
+        counterexample = certified = None
+        if verdict is Verdict.FAILS:
+            worst = worst_inputs[worst_key]
+            counterexample, certified, text = _counterexample(ctx, worst, preset, T_cx, T_min)
+            evidence.append(text)
+        results.append(
+            ClaimResult(
+                id=f"C5.{preset}",
+                title=f"Bounded state ({preset} preset)",
+                statement=STATEMENT,
+                formalisation=(
+                    f"vla, {preset} preset, input class: {INPUT_CLASS}. Bounded ⇔ the worst "
+                    f"sup_(t≤T) ||S_t||_F found does not grow with T: log-log slope < 0.1 over "
+                    f"T ∈ [{T_min}, {T_max}] or over its last decade (docs/verdicts.md)"
+                ),
+                method=(
+                    "adversary engine: gradient search at T₀ = "
+                    f"{p.adversary_T0} ({p.adversary_restarts} restarts × {p.adversary_steps} "
+                    "Adam steps) → rule (u along the search's principal direction) replayed by "
+                    f"the greedy adversary to T = {T_max}; fully greedy adversary to T = "
+                    f"{min(p.joint_greedy_T, T_max)}; float64 oracle re-measures the worst; "
+                    "log-log least squares"
+                ),
+                verdict=verdict,
+                figures=figures,
+                key_figure=f"exponent_vla_{preset}",
+                evidence=evidence,
+                counterexample=counterexample,
+                certified=certified,
+                series=(
+                    {
+                        "state_norms_random": random_norms(1000, 16, ctx.seed),
+                        "state_norms_adversarial": series,
+                    }
+                    if preset == "paper"
+                    else {}
+                ),
+            )
+        )
+    return results
+
+
+def _counterexample(
+    ctx: Context, worst: adversary.AdversaryRun, preset: str, T_cx: int, T_min: int
+) -> tuple[str | None, bool | None, str]:
+    """Save the worst run cut at ``T_cx`` (and certify it in-run when the profile asks); certify
+    its prefix at ``T_cx/10`` in-run either way."""
+    config = _config(preset)
+    claimed = float(adversary.running_sup(worst.values)[T_min - 1])
+    texts = []
+    path = certified = None
+    for T, check in ((T_cx // 10, True), (T_cx, ctx.profile.certify_long)):
+        if T <= T_min:
+            continue
+        case = worst.prefix(T).case()
+        norms = invariants.state_norms(case, config, variant="vla")[0, :, 0]
+        t = int(np.argmax(norms))
+        name = f"C5.{preset}" if T == T_cx else f"C5.{preset}.T{T}"
+        statement = (
+            f"||S_t||_F ≤ sup_(t ≤ {T_min}) ||S_t||_F = {claimed:.6g} for all t (no growth "
+            f"after the first {T_min} tokens); the adversary's state at t = {t + 1} is "
+            f"{norms[t]:.6g}"
+        )
+        p_, c_, text = certify(
             ctx,
-            "C5",
+            name,
             case,
             config,
             "state_norm",
-            where,
-            variant=variant,
-            claimed=threshold,
-            statement=f"||S_t||_F ≤ sup_{{t ≤ {lengths[0]}}} ||S_t||_F = {threshold:.6g} "
-            f"(the state at T = {lengths[i]} exceeds the largest state of the first "
-            f"{lengths[0]} tokens: growth with T)",
+            (0, t, 0),
+            variant="vla",
+            statement=statement,
+            claimed=claimed,
+            check_interval=check,
+            note=worst.method,
         )
-        evidence.append(
-            f"counterexample ({which} preset): {case.describe()}; ||S_t||_F reaches "
-            f"{sups[i]:.3g} at T = {lengths[i]} > {threshold:.3g} = sup at T = {lengths[0]}"
-        )
-        evidence.append(note)
-    condition = (
-        "nudges on (nudge_period finite, nudge_eta > 0), which keep λ_min(A_t) away from 0; "
-        f"without them sup_t ||S_t||_F grows like T^{results['exact']['exponent']:.2f}"
-    )
-    return [
-        ClaimResult(
-            id="C5",
-            title="Bounded state",
-            statement=STATEMENT,
-            formalisation=(
-                "sup_{t≤T} ||S_t||_F does not grow with T for ||v_t|| = 1, unit keys, "
-                "||u_t||² = 1/dk: growth exponent over the last two of T ∈ "
-                f"{lengths} < 0.1 or decelerating"
-            ),
-            method="Hypothesis search (target: sup ||S_t||_F) over the adversarial shear family; "
-            "growth test at increasing T; paper and exact presets; random layer-like inputs",
-            verdict=verdict,
-            condition=condition if verdict is Verdict.HOLDS_ONLY_IF else None,
-            figures={
-                "sup_paper": results["paper"]["sup"],
-                "sup_exact": results["exact"]["sup"],
-                "exponent_paper": results["paper"]["exponent"],
-                "exponent_exact": results["exact"]["exponent"],
-                "exponent_linear": lin_exponent,
-                "T": lengths,
-                "best_member": best,
-            },
-            key_figure="exponent_exact",
-            evidence=evidence,
-            counterexample=counterexample,
-            certified=certified,
-            series={"state_norms_random": rnd, "state_norms_adversarial": series},
-        )
-    ]
+        texts.append(text)
+        if T == T_cx:
+            path, certified = p_, c_
+    return path, certified, "; ".join(texts)
 
 
 CLAIM = Claim("C5", "Bounded state", run)

@@ -1,0 +1,104 @@
+"""Calibration of the adversary engine (vla_verify.properties.adversary) on problems whose worst
+case is known in closed form: a search that cannot reach these cannot vouch for a bound.
+
+- delta rule: ||S_T||_F ≤ √T, tight (spec §2.4; adversary.known_worst_state_norm);
+- linear attention: ||S_T||_F ≤ T, tight;
+- max ||I − a bᵀ||₂ over unit a, b is 2 (at b = −a; the C4 step matrix).
+
+Each search must reach ≥ 0.95 of the worst case, must not exceed it (a search that breaks the
+constraint set would), and a crippled search must fall short (the threshold discriminates).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vla_verify.properties import adversary
+from vla_verify.spec import VLAConfig
+
+REACH = 0.95
+
+
+def _inside_constraints(run: adversary.AdversaryRun) -> None:
+    dk = run.k.shape[1]
+    assert np.allclose(np.linalg.norm(run.k, axis=1), 1.0)
+    assert np.all(np.linalg.norm(run.v, axis=1) <= 1.0 + 1e-12)
+    assert np.allclose(np.sum(run.u**2, axis=1), 1.0 / dk)
+
+
+@pytest.mark.parametrize("variant,T,dk", [("delta", 300, 2), ("delta", 100, 8), ("linear", 300, 2)])
+def test_greedy_reaches_the_known_worst_state_norm(variant, T, dk):
+    run = adversary.greedy_state_norm(VLAConfig(), variant, T, dk, candidates=16)
+    _inside_constraints(run)
+    worst = adversary.known_worst_state_norm(variant, T)
+    assert REACH * worst <= run.value <= worst * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("variant", ["delta", "linear"])
+def test_gradient_search_reaches_the_known_worst_state_norm(variant):
+    T = 16
+    run = adversary.gradient_search_state_norm(
+        VLAConfig(), variant, T, 2, restarts=4, steps=120, seed=0
+    )
+    _inside_constraints(run)
+    worst = adversary.known_worst_state_norm(variant, T)
+    assert REACH * worst <= run.value <= worst * (1 + 1e-9)
+
+
+def test_rank_one_deviation_reaches_two():
+    found = adversary.max_rank_one_deviation(6, restarts=4, steps=150)
+    assert REACH * 2.0 <= found <= 2.0 + 1e-9
+
+
+def test_product_search_finds_the_single_step_maximum():
+    """One step, no penalty effect on a unit gate at λ0 = 1 with A_0 = I: the product is the
+    step matrix itself, whose norm is at most the golden ratio (c = α̂ᵀk̂ > 0 for SPD A)."""
+    run = adversary.gradient_search_product(VLAConfig(lambda0=1.0), 1, 4, restarts=4, steps=40)
+    assert run.value <= (1 + math.sqrt(5)) / 2 + 1e-9
+
+
+def test_a_crippled_search_falls_short():
+    """One candidate, no refinement: the delta rule's √T is out of reach, so the 0.95 threshold
+    rejects a weak search."""
+    T = 300
+    weak = adversary.greedy_state_norm(VLAConfig(), "delta", T, 2, candidates=1, refinements=0)
+    assert weak.value < REACH * adversary.known_worst_state_norm("delta", T)
+
+
+def test_known_worst_case_is_tight_by_construction():
+    """The rank-one construction of the docstring: k̂_t ⊥ b, v_t = a keeps S = a bᵀ with
+    ||S_t||² = t exactly; and the bound ||S_t||² ≤ ||S_{t-1}||² + 1 holds on random inputs."""
+    rng = np.random.default_rng(0)
+    S = np.zeros((1, 2))
+    for t in range(1, 50):
+        b = S[0] / np.linalg.norm(S[0]) if t > 1 else np.array([1.0, 0.0])
+        k = np.array([-b[1], b[0]])
+        S = S + np.outer(np.ones(1) - S @ k, k)
+        assert np.linalg.norm(S) ** 2 == pytest.approx(t)
+    S = np.zeros((3, 4))
+    for _ in range(200):
+        k = rng.standard_normal(4)
+        k /= np.linalg.norm(k)
+        v = rng.standard_normal(3)
+        v /= max(1.0, np.linalg.norm(v))
+        before = np.linalg.norm(S) ** 2
+        S = S + np.outer(v - S @ k, k)
+        assert np.linalg.norm(S) ** 2 <= before + 1 + 1e-9
+
+
+def test_fit_exponent_and_rule_from_search():
+    T = np.array([100, 1000, 10000])
+    assert adversary.fit_exponent(T, 3 * T**0.5)[0] == pytest.approx(0.5)
+    run = adversary.AdversaryRun(
+        np.tile([1.0, 0.0], (5, 1)),
+        np.ones((5, 1)),
+        np.tile([0.0, -1 / math.sqrt(2)], (5, 1)),
+        np.arange(1.0, 6.0),
+        "planted",
+    )
+    rule, fraction = adversary.rule_from_search(run)
+    assert fraction == pytest.approx(1.0)
+    assert abs(rule.at(3) @ np.array([0.0, 1.0])) == pytest.approx(1 / math.sqrt(2))
