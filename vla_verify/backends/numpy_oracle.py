@@ -23,10 +23,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..spec import FLOAT_DTYPES, VLAConfig, check_inputs, check_start, check_variant
+from ..spec import (
+    FLOAT_DTYPES,
+    VLAConfig,
+    check_config,
+    check_inputs,
+    check_start,
+    check_variant,
+    unit_roundoff,
+)
+from .oracle_accuracy import AccuracyTracker, Diagnostics
 from .registry import Backend, Capabilities
 
 __all__ = [
+    "Diagnostics",
     "NumpyOracleBackend",
     "OracleResult",
     "StateHistory",
@@ -55,12 +65,28 @@ class StateHistory(NamedTuple):
     sm_denominator: Array
 
 
-class OracleResult(NamedTuple):
-    """``o`` ``[B, T, H, dv]``, the final ``state = (S, A, z)``, and the optional history."""
-
+class _OracleFields(NamedTuple):
     o: Array
     state: tuple[Array, Array, Array]
     history: StateHistory | None
+
+
+class OracleResult(_OracleFields):
+    """``o`` ``[B, T, H, dv]``, the final ``state = (S, A, z)``, and the optional history.
+
+    It unpacks as the triple ``(o, state, history)``; ``diagnostics`` (an attribute, not a
+    field) holds the oracle's own accuracy estimate
+    (:class:`~vla_verify.backends.oracle_accuracy.Diagnostics`) when the call asked for it with
+    ``diagnose=True``, else ``None``.
+    """
+
+    diagnostics: Diagnostics | None = None
+
+    def with_diagnostics(self, diagnostics: Diagnostics | None) -> OracleResult:
+        """This result with ``diagnostics`` attached."""
+        result = OracleResult(self.o, self.state, self.history)
+        result.diagnostics = diagnostics
+        return result
 
 
 def _round_bfloat16(x: Array) -> Array:
@@ -107,6 +133,7 @@ def recurrence(
     dtype: str | None = None,
     return_states: bool = False,
     start: int = 0,
+    diagnose: bool = False,
 ) -> OracleResult:
     """Run the recurrence of spec §2.3 (or a variant of §2.4) token by token.
 
@@ -123,6 +150,9 @@ def recurrence(
     return_states : also return every intermediate state (memory O(T)).
     start : tokens consumed before this call (spec §2.3): the nudge fires after step ``t`` when
         ``(start + t) % nudge_period == 0``.
+    diagnose : also track the oracle's own accuracy along the recurrence and attach the
+        a-posteriori estimate as ``result.diagnostics`` (:mod:`.oracle_accuracy`; about twice
+        the cost).  :func:`vla_verify.oracle.reference` acts on it.
 
     Returns
     -------
@@ -138,7 +168,7 @@ def recurrence(
     ``S_t = S_{t-1} + (v_t − S_{t-1}k̂_t)(P_t k̂_t)ᵀ − (S_{t-1}u_t)(P_t u_t)ᵀ``.
     It is defined for the exact penalty only, so it refuses a configuration with nudges.
     """
-    config = VLAConfig() if config is None else config
+    config = check_config(config)
     check_variant(variant)
     start = check_start(start)
     shapes = check_inputs(q, k, v, u, initial_state)
@@ -193,6 +223,11 @@ def recurrence(
             "sm_denominator": np.full((B, H, T), np.nan, dtype=work),
         }
     sm_floor = work(config.sm_floor)
+    tracker = (
+        AccuracyTracker(config, variant, (B, H, dk, dv), A, unit_roundoff=unit_roundoff(dtype))
+        if diagnose
+        else None
+    )
     # Overflow is reported by the non-finite result, which callers check; no warnings per step.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         for t in range(T):
@@ -200,40 +235,68 @@ def recurrence(
             delta = None
             if variant == "vla":
                 s = matvec(A, u_t)
-                delta = np.maximum(r(1 + dot(u_t, s)), sm_floor)
+                delta_raw = r(1 + dot(u_t, s))
+                delta = np.maximum(delta_raw, sm_floor)
+                if tracker is not None:
+                    tracker.downdate(u_t, s, delta_raw, config.sm_floor, A)
                 A = r(A - r(outer(s, s) / delta[..., None, None]))
                 if config.nudges_at(start + t + 1):
                     A = r(A + work(config.nudge_eta) * eye)
+                    if tracker is not None:
+                        tracker.nudge(config.nudge_eta)
                 k_hat = normalize(k_t)
                 alpha = matvec(A, k_hat)
                 gate = normalize(alpha) if config.normalize_gate else alpha
                 residual = r(v_t - matvec(S, k_hat))
+                if tracker is not None:
+                    tracker.gate(k_hat, alpha, config.normalize_gate, A)
+                    tracker.memory(S, k_hat, gate, residual)
                 S = r(S + outer(residual, gate))
             elif variant == "rls":
                 k_hat = normalize(k_t)
                 # Two Sherman–Morrison downdates: first the new key, then the new penalty direction.
                 p = matvec(A, k_hat)
-                A = r(A - r(outer(p, p) / r(1 + dot(k_hat, p))[..., None, None]))
+                key_denominator = r(1 + dot(k_hat, p))
+                if tracker is not None:
+                    tracker.downdate(k_hat, p, key_denominator, None, A)
+                A = r(A - r(outer(p, p) / key_denominator[..., None, None]))
                 s = matvec(A, u_t)
-                delta = np.maximum(r(1 + dot(u_t, s)), sm_floor)
+                delta_raw = r(1 + dot(u_t, s))
+                delta = np.maximum(delta_raw, sm_floor)
+                if tracker is not None:
+                    tracker.downdate(u_t, s, delta_raw, config.sm_floor, A)
                 A = r(A - r(outer(s, s) / delta[..., None, None]))
                 gate = matvec(A, k_hat)
                 residual = r(v_t - matvec(S, k_hat))
-                S = r(S + r(outer(residual, gate) - outer(matvec(S, u_t), matvec(A, u_t))))
+                w = matvec(A, u_t)
+                if tracker is not None:
+                    tracker.gate(k_hat, gate, False, A)
+                    tracker.probe(u_t, w, A)
+                    tracker.memory(S, k_hat, gate, residual, x=u_t, w=w)
+                S = r(S + r(outer(residual, gate) - outer(matvec(S, u_t), w)))
             elif variant == "delta":
                 k_hat = normalize(k_t)
                 gate = k_hat
                 residual = r(v_t - matvec(S, k_hat))
+                if tracker is not None:
+                    tracker.gate(k_hat, gate, False)
+                    tracker.memory(S, k_hat, gate, residual)
                 S = r(S + outer(residual, gate))
             else:  # linear
                 k_hat = normalize(k_t)
                 gate = k_t
+                if tracker is not None:
+                    tracker.gate(k_t, k_t, False)
+                    tracker.memory(S, k_hat, k_t, v_t)
                 S = r(S + outer(v_t, k_t))
             z = r(z + k_t)
             read = matvec(S, q_t)
+            denominator = None
             if config.normalize_output:
                 denominator = np.maximum(dot(z, q_t), work(config.out_eps))
                 read = r(read / denominator[..., None])
+            if tracker is not None:
+                tracker.readout(S, q_t, read, denominator)
             o[:, :, t] = read
             if return_states:
                 hist["S"][:, :, t] = S
@@ -247,7 +310,10 @@ def recurrence(
     history = None
     if return_states:
         history = StateHistory(**{name: np.moveaxis(x, 2, 1) for name, x in hist.items()})
-    return OracleResult(np.moveaxis(o, 2, 1), (S, A, z), history)
+    result = OracleResult(np.moveaxis(o, 2, 1), (S, A, z), history)
+    if tracker is not None:
+        result = result.with_diagnostics(tracker.finish(S, A))
+    return result
 
 
 # -- the registry's view of the oracle ---------------------------------------------------------
