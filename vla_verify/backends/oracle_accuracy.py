@@ -260,9 +260,10 @@ class AccuracyTracker:
 
     def _worse(self, name: str, values: Array) -> None:
         values = np.asarray(values, dtype=float)
-        value = float(np.nanmax(values)) if values.size else 0.0
         if np.any(np.isnan(values)):
             value = math.inf
+        else:
+            value = float(np.max(values)) if values.size else 0.0
         attr = {"floor_on_spd": "floor_on_spd"}.get(name, name)
         attr = "worst_gate" if name == "gate" else attr
         current: Figure = getattr(self, attr)
