@@ -144,7 +144,7 @@ def test_console_script_is_installed() -> None:
 def test_run_takes_a_configuration_each_backend_supports() -> None:
     pytest.importorskip("torch")
     from vla_verify import VLAConfig, backends
-    from vla_verify.cli import _run_config
+    from vla_verify.conformance import run_config as _run_config
 
     config, note = _run_config(backends.get("numpy"), "float64", "cpu")
     assert config == VLAConfig() and note == ""

@@ -21,6 +21,7 @@ __all__ = [
     "Shapes",
     "VLAConfig",
     "Variant",
+    "all_finite",
     "check_config",
     "check_inputs",
     "check_start",
@@ -110,11 +111,11 @@ class VLAConfig:
     def exact(cls, **overrides: Any) -> VLAConfig:
         """The paper preset without nudges: ``A_t`` is exactly ``M_t^{-1}`` (spec §2.2).
 
-        ``overrides`` change the other fields; a nudge field (``nudge_period``, ``nudge_eta``)
-        contradicts the name and raises :class:`~vla_verify.errors.ConfigError` (use
+        ``overrides`` change the other fields; a nudge field (``nudge_period`` other than
+        ``None``, ``nudge_eta``) contradicts the name and raises :class:`~vla_verify.errors.ConfigError` (use
         ``VLAConfig(...)`` for a configuration with nudges)."""
         for name in ("nudge_period", "nudge_eta"):
-            if name in overrides:
+            if name in overrides and not (name == "nudge_period" and overrides[name] is None):
                 raise ConfigError(
                     name,
                     "VLAConfig.exact() is the configuration without nudges and takes no nudge "
@@ -222,7 +223,7 @@ def _shape(x: Any, argument: str) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
-def _all_finite(x: Any) -> bool:
+def all_finite(x: Any) -> bool:
     """Whether every element is finite.  Fast path: a NaN or an infinity anywhere makes the sum
     NaN or infinite, so a finite sum proves the array finite (one reduction instead of an
     elementwise test and a second reduction: 0.03 ms against 0.6 ms for a [1, 2048, 4, 64]
@@ -292,6 +293,9 @@ def check_inputs(
         raise DTypeError("q", f"expected one of the dtypes {dtypes}, got {dtype}")
     if check_finite:
         for name, x in arrays.items():
-            if not _all_finite(x):
+            if not all_finite(x):
                 raise NonFiniteError(name, "expected finite values, found NaN or Inf")
     return Shapes(B, T, H, dk, dv)
+
+
+_all_finite = all_finite  # the name other modules imported before it was public

@@ -16,7 +16,8 @@ import mpmath
 import numpy as np
 from mpmath import mp
 
-from ..spec import VLAConfig, check_inputs, check_start, check_variant
+from ..errors import ConfigError
+from ..spec import VLAConfig, check_config, check_inputs, check_start, check_variant
 from .registry import Backend, Capabilities
 
 __all__ = ["MpmathBackend", "penalty_inverse_mp", "recurrence_mp", "to_float64"]
@@ -128,7 +129,9 @@ def recurrence_mp(
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The recurrence at ``dps`` digits; returns float64 ``(o, (S, A, z))`` rounded once.
     ``start``: tokens consumed before this call (spec §2.3, the nudge clock)."""
-    config = VLAConfig() if config is None else config
+    config = check_config(config)
+    if isinstance(dps, bool) or not isinstance(dps, int) or dps < 1:
+        raise ConfigError("dps", f"expected an integer >= 1, got {dps!r}")
     check_variant(variant)
     start = check_start(start)
     B, T, H, dk, dv = check_inputs(q, k, v, u, initial_state)
@@ -231,6 +234,11 @@ class MpmathBackend(Backend):
         requires=("mpmath",),
         options={"dps": 50, "max_work": 200_000},
     )
+
+    def _check_option(self, option: str, value: Any, default: Any) -> None:
+        super()._check_option(option, value, default)
+        if option == "dps" and value < 1:
+            raise ConfigError("dps", f"backend 'mpmath': expected an integer >= 1, got {value!r}")
 
     def check_support(self, config, shapes, dtype, device="cpu", *, variant=None):  # type: ignore[no-untyped-def]
         reason = super().check_support(config, shapes, dtype, device, variant=variant)
