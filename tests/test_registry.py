@@ -245,11 +245,35 @@ def test_torch_backends_report_a_non_finite_result(name: str, where: str) -> Non
 
 
 def test_reference_backends_raise_on_a_non_finite_result() -> None:
-    from vla_verify.errors import NonFiniteResultError
+    from vla_verify.errors import IllConditionedError, NonFiniteResultError
 
     args, state = _floor_overflow_case()
     with pytest.raises(NonFiniteResultError):
         backends.get("numpy")(*args, config=VLAConfig.exact(), initial_state=state)
+    with pytest.raises(IllConditionedError):  # float64: the tracker sees it first
+        backends.get("numpy")(
+            *(x.astype(np.float64) for x in args),
+            config=VLAConfig.exact(),
+            initial_state=tuple(x.astype(np.float64) * 1e150 for x in state),
+        )
     big = tuple(x.astype(np.float64) * 1e200 for x in _tiny())
-    with pytest.raises(NonFiniteResultError):
+    with pytest.raises((NonFiniteResultError, IllConditionedError)):
         backends.get("mpmath")(*big, config=VLAConfig.exact())
+
+
+def test_reference_backends_refuse_what_they_cannot_resolve() -> None:
+    """The six-token problem with ||u|| ~ 1e8: float64 is percent-level off (numpy refuses);
+    mpmath at 20 digits is off too and refuses, at 100 digits it agrees with itself."""
+    from vla_verify.errors import IllConditionedError
+
+    rng = np.random.default_rng(0)
+    q, k = (np.exp(rng.standard_normal((1, 6, 1, 3))) for _ in range(2))
+    v = rng.standard_normal((1, 6, 1, 2))
+    u = rng.standard_normal((1, 6, 1, 3)) * 1e8
+    with pytest.raises(IllConditionedError) as info:
+        backends.get("numpy")(q, k, v, u, config=VLAConfig.exact())
+    assert info.value.step is not None and info.value.figure
+    with pytest.raises(IllConditionedError):
+        backends.get("mpmath", dps=20)(q, k, v, u, config=VLAConfig.exact())
+    o, _ = backends.get("mpmath", dps=100)(q, k, v, u, config=VLAConfig.exact())
+    assert np.all(np.isfinite(o))

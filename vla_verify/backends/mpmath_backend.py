@@ -16,7 +16,7 @@ import mpmath
 import numpy as np
 from mpmath import mp
 
-from ..errors import ConfigError
+from ..errors import ConfigError, IllConditionedError
 from ..spec import VLAConfig, check_config, check_inputs, check_start, check_variant
 from .registry import Backend, Capabilities
 
@@ -253,14 +253,41 @@ class MpmathBackend(Backend):
         return None
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
-        return recurrence_mp(
-            q,
-            k,
-            v,
-            u,
-            config=config,
-            variant=self.variant,
-            initial_state=initial_state,
-            dps=int(self.options["dps"]),
-            start=start,
-        )
+        kwargs = dict(config=config, variant=self.variant, initial_state=initial_state, start=start)
+        dps = int(self.options["dps"])
+        result = recurrence_mp(q, k, v, u, dps=dps, **kwargs)
+        # Where the float64 chain loses digits, ``dps`` digits may not be enough either: run
+        # again at more digits and refuse a result the two runs do not agree on.
+        from .numpy_oracle import recurrence
+
+        diag = recurrence(q, k, v, u, dtype="float64", diagnose=True, **kwargs).diagnostics
+        if diag is not None and not diag.estimate <= _RECHECK_ESTIMATE:
+            more = recurrence_mp(q, k, v, u, dps=dps + max(20, dps // 2), **kwargs)
+            gap = _relative_gap(result, more)
+            if not gap <= _AGREEMENT:
+                raise IllConditionedError(
+                    f"mpmath at {dps} digits and at {dps + max(20, dps // 2)} digits differ by "
+                    f"{gap:.3g} (relative); bind a larger dps, or use "
+                    "vla_verify.oracle.reference",
+                    step=diag.step,
+                    figure=diag.worst,
+                    estimate=gap,
+                )
+        return result
+
+
+#: The float64 estimate above which the backend checks its digits with a second run.
+_RECHECK_ESTIMATE = 1e-6
+#: How closely the two runs must agree (relative).
+_AGREEMENT = 1e-10
+
+
+def _relative_gap(a: tuple[Any, ...], b: tuple[Any, ...]) -> float:
+    """Largest relative difference between two ``(o, (S, A, z))`` results."""
+    gaps = []
+    for x, y in zip((a[0], *a[1]), (b[0], *b[1]), strict=True):
+        with np.errstate(all="ignore"):
+            scale = np.max(np.abs(y)) if y.size else 0.0
+            diff = np.max(np.abs(x - y)) if y.size else 0.0
+        gaps.append(diff / scale if scale > 0 else diff)
+    return float(np.nan_to_num(max(gaps), nan=np.inf))

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, IllConditionedError
 from ..spec import (
     FLOAT_DTYPES,
     VLAConfig,
@@ -320,7 +320,13 @@ def recurrence(
 
 
 class NumpyOracleBackend(Backend):
-    """Registry name ``numpy``: :func:`recurrence` as a spec §4 callable (NumPy in, NumPy out)."""
+    """Registry name ``numpy``: :func:`recurrence` as a spec §4 callable (NumPy in, NumPy out).
+
+    In float64 it tracks its own accuracy (``diagnose=True``) and raises
+    :class:`~vla_verify.errors.IllConditionedError` where the estimate exceeds the option
+    ``max_estimate`` (default 1e-4, relative): past it the float64 chain has lost the digits that
+    any budget relies on, and :func:`vla_verify.oracle.reference` is the way to the answer.
+    """
 
     name = "numpy"
     description = "float64 NumPy oracle, token by token (spec §2.3-§2.4)"
@@ -330,6 +336,7 @@ class NumpyOracleBackend(Backend):
         dtypes=("float64", "float32", "float16"),
         differentiable=False,
         requires=("numpy",),
+        options={"max_estimate": 1e-4},
     )
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
@@ -344,7 +351,20 @@ class NumpyOracleBackend(Backend):
             initial_state=initial_state,
             dtype=dtype,
             start=start,
+            diagnose=dtype == "float64",
         )
+        diag = result.diagnostics
+        limit = float(self.options["max_estimate"])
+        if diag is not None and not diag.estimate <= limit:
+            where = diag.worst + ("" if diag.step is None else f" at step {diag.step}")
+            raise IllConditionedError(
+                f"the float64 oracle's error estimate {diag.estimate:.3g} exceeds "
+                f"max_estimate={limit:g} ({where}); use vla_verify.oracle.reference, which "
+                "escalates to mpmath",
+                step=diag.step,
+                figure=diag.worst,
+                estimate=diag.estimate,
+            )
         cast = getattr(np, dtype)
         S, A, z = result.state
         return result.o.astype(cast), (S.astype(cast), A.astype(cast), z.astype(cast))
