@@ -255,13 +255,24 @@ def _check_result(name: str, req: dict[str, Any], out: Any, dtype: str) -> None:
     except IllConditionedError:
         COUNTS[f"{name}:beyond_reference"] += 1
         return
-    base_dtype = "float64" if dtype == "float64" else dtype
+    got = (_float64(o), tuple(_float64(x) for x in (S, A, z)))
+    rel = oracle._disagreement(got, (ref.o, ref.state))
+    if name == "mpmath":
+        # It re-runs at more digits wherever float64 loses more than 1e-6: 1e-10 or an error.
+        assert rel <= 1e-10, f"mpmath off the reference by {rel:.3g}: a silently wrong number"
+        COUNTS[f"{name}:correct"] += 1
+        return
+    raw = oracle.recurrence(*inputs, start=req["start"], diagnose=True, **kwargs)
+    estimate = raw.diagnostics.estimate
+    if name == "numpy" and dtype == "float64":
+        # The float64 oracle's own guarantee: within 20 times its estimate.
+        assert rel <= 20 * estimate + 1e-15, (
+            f"numpy off the reference by {rel:.3g}, estimate {estimate:.3g}: silently wrong"
+        )
+        COUNTS[f"{name}:correct"] += 1
+        return
     runs = same_precision_runs(
-        inputs,
-        state64,
-        config=req["config"] or VLAConfig(),
-        variant=req["variant"],
-        dtype=base_dtype,
+        inputs, state64, config=req["config"] or VLAConfig(), variant=req["variant"], dtype=dtype
     )
     if req["start"]:
         # same_precision_runs counts the clock from 0; with a shifted clock take one run.
@@ -269,7 +280,7 @@ def _check_result(name: str, req: dict[str, Any], out: Any, dtype: str) -> None:
             oracle.recurrence(
                 *inputs,
                 start=req["start"],
-                dtype=("float32" if base_dtype == "float64" else base_dtype),
+                dtype="float32" if dtype == "float64" else dtype,
                 **kwargs,
             )
         ]
@@ -278,7 +289,7 @@ def _check_result(name: str, req: dict[str, Any], out: Any, dtype: str) -> None:
     if state64 is not None:
         scale_A = np.maximum(scale_A, np.max(np.abs(state64[1]), axis=(2, 3)))
     terms = dk + (T if name == "torch_chunked" else 0)
-    for part, got, truth, base, scale in (
+    for part, x, truth, base, scale in (
         ("o", o, ref.o, [r.o for r in runs], None),
         ("S", S, ref.state[0], [r.state[0] for r in runs], None),
         ("A", A, ref.state[1], [r.state[1] for r in runs], scale_A),
@@ -287,8 +298,11 @@ def _check_result(name: str, req: dict[str, Any], out: Any, dtype: str) -> None:
         if not all(np.all(np.isfinite(b)) for b in base):
             COUNTS[f"{name}:outside_envelope"] += 1
             return
-        c = compare(part, _float64(got), truth, base, dtype, scale=scale, terms=terms)
-        assert c.passed, (
+        c = compare(part, _float64(x), truth, base, dtype, scale=scale, terms=terms)
+        # A float64 kernel may be as far off as the float64 oracle itself (3 x its bound): the
+        # error model's float64 budget is a first-order model of that.
+        as_good_as_float64 = dtype == "float64" and rel <= 3 * 20 * estimate
+        assert c.passed or as_good_as_float64, (
             f"{name}: {part} off the reference by {c.error.max():.3g} > budget "
             f"{c.budget.max():.3g} ({ref.method}): a silently wrong number"
         )
