@@ -150,10 +150,13 @@ def reference(
     Inputs as :func:`recurrence` (``q, k, u`` ``[B, T, H, dk]``, ``v`` ``[B, T, H, dv]``, any
     float dtype, NumPy or torch; they are taken as float64 values).  Runs the float64 recurrence
     with its accuracy tracker (:mod:`vla_verify.backends.oracle_accuracy`).  If 20 times the
-    estimate (its stated factor) is at most ``target_rtol`` the float64 result is returned (``method="float64"``).  Otherwise,
+    estimate (its stated factor) is at most ``target_rtol`` the float64 result is returned
+    (``method="float64"``).  Otherwise,
     when ``B·H·T·dk·(dk + dv) <= max_work``, the mpmath recurrence runs at
     ``N ≈ 16 + log10(estimate/target_rtol) + 10`` digits and again at more digits; the two must
-    agree to ``target_rtol`` (else ``N`` doubles, up to 1600 digits), and the more precise is
+    agree to ``target_rtol``, and no Sherman–Morrison subtraction of the first may have
+    cancelled more than ``N − 10 − log10(1/target_rtol)`` digits (else ``N`` grows, up to 1600
+    digits); the more precise is
     returned (``method="mpmath(N digits)"``, ``error_estimate`` their disagreement).  Else it
     raises :class:`~vla_verify.errors.IllConditionedError` naming the step and the figure:
     never a result it cannot vouch for.
@@ -189,15 +192,24 @@ def reference(
             estimate=estimate,
         )
     if math.isfinite(estimate):
-        digits = 16 + math.ceil(math.log10(estimate / target)) + _MARGIN_DIGITS
+        digits = 16 + math.ceil(math.log10(estimate) - math.log10(target)) + _MARGIN_DIGITS
     else:
         digits = 16 + math.ceil(-math.log10(target)) + 4 * _MARGIN_DIGITS
-    digits = max(digits, 30)
+    digits = min(max(digits, 30), _MAX_DIGITS)
+    needed = _MARGIN_DIGITS - math.log10(target)  # digits to keep beyond any cancellation
+    finite = True
     while digits <= _MAX_DIGITS:
         more = digits + max(2 * _MARGIN_DIGITS, digits // 2)
-        low = recurrence_mp(q, k, v, u, dps=digits, **kwargs)
+        *low, lost = recurrence_mp(q, k, v, u, dps=digits, return_lost_digits=True, **kwargs)
+        if not lost + needed <= digits:
+            # The run cancelled more digits than it can spare: agreement with a second run
+            # would prove nothing (both may cancel to the same wrong value).
+            digits = (
+                max(2 * digits, math.ceil(lost + needed)) if math.isfinite(lost) else 2 * digits
+            )
+            continue
         high = recurrence_mp(q, k, v, u, dps=more, **kwargs)
-        disagreement = _disagreement(low, high)
+        disagreement = _disagreement(tuple(low), high)
         finite = all(np.all(np.isfinite(x)) for x in (high[0], *high[1]))
         if finite and disagreement <= target:
             o, state = high

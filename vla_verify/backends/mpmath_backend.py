@@ -10,6 +10,7 @@ operations, and :meth:`MpmathBackend.check_support` refuses requests above ``max
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mpmath
@@ -54,8 +55,10 @@ def _slice_recurrence(
     config: VLAConfig,
     variant: str,
     start: int = 0,
-) -> tuple[list[Vec], Mat, Mat, Vec]:
-    """One (batch, head) slice: ``q, k, u`` ``[T, dk]``, ``v`` ``[T, dv]`` (float64)."""
+) -> tuple[list[Vec], Mat, Mat, Vec, float]:
+    """One (batch, head) slice: ``q, k, u`` ``[T, dk]``, ``v`` ``[T, dv]`` (float64).  Also
+    returns the most decimal digits a Sherman–Morrison subtraction cancelled (``inf`` where it
+    cancelled them all)."""
     T, dk = q.shape
     dv = v.shape[1]
     mpf = mp.mpf
@@ -72,13 +75,21 @@ def _slice_recurrence(
         A = [[mpf(float(x)) for x in row] for row in state[1]]
         z = [mpf(float(x)) for x in state[2]]
     outputs = []
+    lost = [0.0]
 
     def downdate(M: Mat, x: Vec, floor: Any | None) -> Mat:
         s = _matvec(M, x)
         denom = 1 + _dot(x, s)
         if floor is not None:
             denom = max(denom, floor)
-        return [[M[i][j] - s[i] * s[j] / denom for j in range(dk)] for i in range(dk)]
+        new = [[M[i][j] - s[i] * s[j] / denom for j in range(dk)] for i in range(dk)]
+        # Digits the subtraction cancels: the size of what is subtracted over the result's.
+        subtracted = max(abs(a) for a in s) ** 2 / abs(denom) if denom else mpf(0)
+        result = max(abs(a) for row in new for a in row)
+        if subtracted > 0:
+            loss = float(mpmath.log10(subtracted / result)) if result > 0 else math.inf
+            lost[0] = max(lost[0], loss)
+        return new
 
     for t in range(T):
         q_t = [mpf(float(x)) for x in q[t]]
@@ -112,7 +123,7 @@ def _slice_recurrence(
             den = max(_dot(z, q_t), out_eps)
             read = [x / den for x in read]
         outputs.append(read)
-    return outputs, S, A, z
+    return outputs, S, A, z, lost[0]
 
 
 def recurrence_mp(
@@ -126,9 +137,13 @@ def recurrence_mp(
     initial_state: tuple[Any, Any, Any] | None = None,
     dps: int = 50,
     start: int = 0,
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return_lost_digits: bool = False,
+) -> Any:
     """The recurrence at ``dps`` digits; returns float64 ``(o, (S, A, z))`` rounded once.
-    ``start``: tokens consumed before this call (spec §2.3, the nudge clock)."""
+    ``start``: tokens consumed before this call (spec §2.3, the nudge clock).
+    ``return_lost_digits``: return ``(o, (S, A, z), lost)`` where ``lost`` is the most decimal
+    digits one Sherman–Morrison subtraction cancelled (``inf``: all of them); the result keeps
+    about ``dps − lost`` digits."""
     config = check_config(config)
     if isinstance(dps, bool) or not isinstance(dps, int) or dps < 1:
         raise ConfigError("dps", f"expected an integer >= 1, got {dps!r}")
@@ -139,17 +154,21 @@ def recurrence_mp(
     state = None if initial_state is None else [np.asarray(x, np.float64) for x in initial_state]
     o = np.empty((B, T, H, dv))
     S_out, A_out, z_out = np.empty((B, H, dv, dk)), np.empty((B, H, dk, dk)), np.empty((B, H, dk))
+    most_lost = 0.0
     with mp.workdps(dps):
         for b in range(B):
             for h in range(H):
                 st = None if state is None else (state[0][b, h], state[1][b, h], state[2][b, h])
-                outs, S, A, z = _slice_recurrence(
+                outs, S, A, z, lost = _slice_recurrence(
                     q[b, :, h], k[b, :, h], v[b, :, h], u[b, :, h], st, config, variant, start
                 )
+                most_lost = max(most_lost, lost)
                 o[b, :, h] = [[to_float64(x) for x in row] for row in outs]
                 S_out[b, h] = [[to_float64(x) for x in row] for row in S]
                 A_out[b, h] = [[to_float64(x) for x in row] for row in A]
                 z_out[b, h] = [to_float64(x) for x in z]
+    if return_lost_digits:
+        return o, (S_out, A_out, z_out), most_lost
     return o, (S_out, A_out, z_out)
 
 
@@ -253,41 +272,31 @@ class MpmathBackend(Backend):
         return None
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
-        kwargs = dict(config=config, variant=self.variant, initial_state=initial_state, start=start)
         dps = int(self.options["dps"])
-        result = recurrence_mp(q, k, v, u, dps=dps, **kwargs)
-        # Where the float64 chain loses digits, ``dps`` digits may not be enough either: run
-        # again at more digits and refuse a result the two runs do not agree on.
-        from .numpy_oracle import recurrence
-
-        diag = recurrence(q, k, v, u, dtype="float64", diagnose=True, **kwargs).diagnostics
-        if diag is not None and not diag.estimate <= _RECHECK_ESTIMATE:
-            more = recurrence_mp(q, k, v, u, dps=dps + max(20, dps // 2), **kwargs)
-            gap = _relative_gap(result, more)
-            if not gap <= _AGREEMENT:
-                raise IllConditionedError(
-                    f"mpmath at {dps} digits and at {dps + max(20, dps // 2)} digits differ by "
-                    f"{gap:.3g} (relative); bind a larger dps, or use "
-                    "vla_verify.oracle.reference",
-                    step=diag.step,
-                    figure=diag.worst,
-                    estimate=gap,
-                )
-        return result
-
-
-#: The float64 estimate above which the backend checks its digits with a second run.
-_RECHECK_ESTIMATE = 1e-6
-#: How closely the two runs must agree (relative).
-_AGREEMENT = 1e-10
+        o, state, lost = recurrence_mp(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=self.variant,
+            initial_state=initial_state,
+            dps=dps,
+            start=start,
+            return_lost_digits=True,
+        )
+        # A subtraction that cancels all but a few of the working digits leaves a result that
+        # agrees with nothing: refuse it, saying how many digits it needs.
+        if not lost <= dps - DIGITS_KEPT:
+            need = "more" if math.isinf(lost) else f"at least {math.ceil(lost) + DIGITS_KEPT}"
+            raise IllConditionedError(
+                f"a Sherman–Morrison subtraction cancelled {lost:.0f} of mpmath's {dps} digits; "
+                f"bind dps={need}, or use vla_verify.oracle.reference",
+                figure="cancellation",
+                estimate=lost,
+            )
+        return o, state
 
 
-def _relative_gap(a: tuple[Any, ...], b: tuple[Any, ...]) -> float:
-    """Largest relative difference between two ``(o, (S, A, z))`` results."""
-    gaps = []
-    for x, y in zip((a[0], *a[1]), (b[0], *b[1]), strict=True):
-        with np.errstate(all="ignore"):
-            scale = np.max(np.abs(y)) if y.size else 0.0
-            diff = np.max(np.abs(x - y)) if y.size else 0.0
-        gaps.append(diff / scale if scale > 0 else diff)
-    return float(np.nan_to_num(max(gaps), nan=np.inf))
+#: Digits a result must keep beyond the most that any subtraction cancelled.
+DIGITS_KEPT = 20
