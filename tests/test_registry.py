@@ -250,12 +250,6 @@ def test_reference_backends_raise_on_a_non_finite_result() -> None:
     args, state = _floor_overflow_case()
     with pytest.raises(NonFiniteResultError):
         backends.get("numpy")(*args, config=VLAConfig.exact(), initial_state=state)
-    with pytest.raises(IllConditionedError):  # float64: the tracker sees it first
-        backends.get("numpy")(
-            *(x.astype(np.float64) for x in args),
-            config=VLAConfig.exact(),
-            initial_state=tuple(x.astype(np.float64) * 1e150 for x in state),
-        )
     big = tuple(x.astype(np.float64) * 1e200 for x in _tiny())
     with pytest.raises((NonFiniteResultError, IllConditionedError)):
         backends.get("mpmath")(*big, config=VLAConfig.exact())

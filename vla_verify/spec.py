@@ -112,8 +112,9 @@ class VLAConfig:
         """The paper preset without nudges: ``A_t`` is exactly ``M_t^{-1}`` (spec §2.2).
 
         ``overrides`` change the other fields; a nudge field (``nudge_period`` other than
-        ``None``, ``nudge_eta``) contradicts the name and raises :class:`~vla_verify.errors.ConfigError` (use
-        ``VLAConfig(...)`` for a configuration with nudges)."""
+        ``None``, ``nudge_eta``) contradicts the name and raises
+        :class:`~vla_verify.errors.ConfigError` (use ``VLAConfig(...)`` for a configuration with
+        nudges)."""
         for name in ("nudge_period", "nudge_eta"):
             if name in overrides and not (name == "nudge_period" and overrides[name] is None):
                 raise ConfigError(

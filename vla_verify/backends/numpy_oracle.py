@@ -323,9 +323,10 @@ class NumpyOracleBackend(Backend):
     """Registry name ``numpy``: :func:`recurrence` as a spec §4 callable (NumPy in, NumPy out).
 
     In float64 it tracks its own accuracy (``diagnose=True``) and raises
-    :class:`~vla_verify.errors.IllConditionedError` where the estimate exceeds the option
-    ``max_estimate`` (default 1e-4, relative): past it the float64 chain has lost the digits that
-    any budget relies on, and :func:`vla_verify.oracle.reference` is the way to the answer.
+    :class:`~vla_verify.errors.IllConditionedError` where, on an SPD chain (no or an SPD initial
+    ``A``), the estimate exceeds the option ``max_estimate`` (default 1e-2, relative): past it the
+    float64 chain has lost the digits that any budget relies on, and
+    :func:`vla_verify.oracle.reference` is the way to the answer.
     """
 
     name = "numpy"
@@ -336,7 +337,7 @@ class NumpyOracleBackend(Backend):
         dtypes=("float64", "float32", "float16"),
         differentiable=False,
         requires=("numpy",),
-        options={"max_estimate": 1e-4},
+        options={"max_estimate": 1e-2},
     )
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
@@ -355,7 +356,9 @@ class NumpyOracleBackend(Backend):
         )
         diag = result.diagnostics
         limit = float(self.options["max_estimate"])
-        if diag is not None and not diag.estimate <= limit:
+        # Outside the SPD cone (an indefinite initial A) the estimate is first order only, and
+        # no refusal is based on it there.
+        if diag is not None and diag.spd_chain and not diag.estimate <= limit:
             where = diag.worst + ("" if diag.step is None else f" at step {diag.step}")
             raise IllConditionedError(
                 f"the float64 oracle's error estimate {diag.estimate:.3g} exceeds "

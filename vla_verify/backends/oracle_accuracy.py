@@ -75,6 +75,7 @@ class Diagnostics(NamedTuple):
     step: int | None
     unit_roundoff: float
     figures: dict[str, Figure]
+    spd_chain: bool = True  # no or an SPD initial A: the estimate is a bound (else first order)
 
     @property
     def estimate(self) -> float:
@@ -133,11 +134,19 @@ class AccuracyTracker:
             with np.errstate(all="ignore"):
                 if self.spd:
                     self.lam = 1.0 / eig[..., -1]
-                    self.M = np.linalg.inv(sym).astype(_LD)
+                    M = np.linalg.inv(sym).astype(_LD)
                 else:
                     # Outside the SPD cone the exact chain has no such bound: first order only.
                     self.lam = 1.0 / np.maximum(np.abs(eig).max(axis=-1), np.finfo(float).tiny)
-                    self.M = np.linalg.pinv(A0).astype(_LD)
+                    M = np.linalg.pinv(A0).astype(_LD)
+                # Newton steps in extended precision (M ← M + M(I − A₀M)): a float64 inverse of
+                # an ill-conditioned A₀ is off by u·cond(A₀), which the residuals would charge
+                # to the chain.
+                A0l = A0.astype(_LD)
+                eye = np.eye(A0.shape[-1], dtype=_LD)
+                for _ in range(2):
+                    M = M + M @ (eye - A0l @ M)
+                self.M = M
             self.M = 0.5 * (self.M + np.swapaxes(self.M, -1, -2))
 
     # -- the penalty chain ---------------------------------------------------------------------
@@ -323,4 +332,5 @@ class AccuracyTracker:
             worst, step = "nonfinite", self.nonfinite
             error_o = error_state = math.inf
             figures["nonfinite"] = Figure(math.inf, self.nonfinite)
-        return Diagnostics(error_o, error_state, worst, step, self.u, figures)
+        spd = self.spd if self.tracks_penalty else True
+        return Diagnostics(error_o, error_state, worst, step, self.u, figures, spd)
