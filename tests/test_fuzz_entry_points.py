@@ -244,11 +244,10 @@ def _check_result(name: str, req: dict[str, Any], out: Any, dtype: str) -> None:
         assert tuple(x.shape) == want[part], f"{name}: {part} has shape {tuple(x.shape)}"
         assert dtype_name(x) == dtype, f"{name}: {part} is {dtype_name(x)}, asked for {dtype}"
         assert np.all(np.isfinite(_float64(x))), f"{name}: non-finite {part} returned silently"
-    inputs = [
-        _float64(_as(req[n], "numpy" if dtype != "bfloat16" else "torch", dtype)) for n in "qkvu"
-    ]
+    library = "numpy" if dtype != "bfloat16" else "torch"
+    inputs = [_float64(_as(req[n], library, dtype)) for n in "qkvu"]
     state = req["initial_state"]
-    state64 = None if state is None else tuple(_float64(_as(x, "numpy", dtype)) for x in state)
+    state64 = None if state is None else tuple(_float64(_as(x, library, dtype)) for x in state)
     kwargs = dict(config=req["config"], variant=req["variant"], initial_state=state64)
     try:
         ref = oracle.reference(*inputs, start=req["start"], **kwargs)

@@ -122,16 +122,26 @@ class AccuracyTracker:
         self.cancellation = Figure(0.0, None)
         self.nonfinite: int | None = None
         if self.tracks_penalty:
-            A0 = np.asarray(A0, dtype=np.float64)
+            self._start_chain(np.asarray(A0, dtype=np.float64))
+
+    def _start_chain(self, A0: Array) -> None:
+        """``M_0 = A_0^{-1}`` (refined in extended precision) and the bound ``λ``."""
+        dk = A0.shape[-1]
+        self.spd = False
+        self.lam = np.full(A0.shape[:-2], np.finfo(float).tiny)
+        self.M = np.full(A0.shape, np.nan, dtype=_LD)
+        with np.errstate(all="ignore"):
             sym = 0.5 * (A0 + np.swapaxes(A0, -1, -2))
-            eig = np.linalg.eigvalsh(sym)
-            asym = _norm(A0 - np.swapaxes(A0, -1, -2), (-2, -1))
-            # A symmetric positive definite A_0 gives an SPD chain: δ ≥ 1 exactly, and the
-            # residuals bound the errors through λ_min(M) ≥ 1/λ_max(A_0).
-            self.spd = bool(
-                np.all(eig[..., 0] > 0) and np.all(asym <= 8 * self.u * _norm(A0, (-2, -1)))
-            )
-            with np.errstate(all="ignore"):
+            if not np.all(np.isfinite(sym)):
+                return  # overflow: the estimate is infinite
+            try:
+                eig = np.linalg.eigvalsh(sym)
+                asym = _norm(A0 - np.swapaxes(A0, -1, -2), (-2, -1))
+                # A symmetric positive definite A_0 gives an SPD chain: δ ≥ 1 exactly, and
+                # the residuals bound the errors through λ_min(M) ≥ 1/λ_max(A_0).
+                self.spd = bool(
+                    np.all(eig[..., 0] > 0) and np.all(asym <= 8 * self.u * _norm(A0, (-2, -1)))
+                )
                 if self.spd:
                     self.lam = 1.0 / eig[..., -1]
                     M = np.linalg.inv(sym).astype(_LD)
@@ -139,15 +149,16 @@ class AccuracyTracker:
                     # Outside the SPD cone the exact chain has no such bound: first order only.
                     self.lam = 1.0 / np.maximum(np.abs(eig).max(axis=-1), np.finfo(float).tiny)
                     M = np.linalg.pinv(A0).astype(_LD)
-                # Newton steps in extended precision (M ← M + M(I − A₀M)): a float64 inverse of
-                # an ill-conditioned A₀ is off by u·cond(A₀), which the residuals would charge
-                # to the chain.
-                A0l = A0.astype(_LD)
-                eye = np.eye(A0.shape[-1], dtype=_LD)
-                for _ in range(2):
-                    M = M + M @ (eye - A0l @ M)
-                self.M = M
-            self.M = 0.5 * (self.M + np.swapaxes(self.M, -1, -2))
+            except np.linalg.LinAlgError:
+                return
+            # Newton steps in extended precision (M ← M + M(I − A₀M)): a float64 inverse of an
+            # ill-conditioned A₀ is off by u·cond(A₀), which the residuals would charge to the
+            # chain.
+            A0l = A0.astype(_LD)
+            eye = np.eye(dk, dtype=_LD)
+            for _ in range(2):
+                M = M + M @ (eye - A0l @ M)
+            self.M = 0.5 * (M + np.swapaxes(M, -1, -2))
 
     # -- the penalty chain ---------------------------------------------------------------------
     def _inverse_norm(self, A: Array) -> Array:
@@ -197,10 +208,16 @@ class AccuracyTracker:
         dk = self.dk
         K = np.eye(dk) + eta * self.M.astype(np.float64)
         with np.errstate(all="ignore"):
-            X = np.linalg.solve(K, self.M.astype(np.float64)).astype(_LD)
-            # One refinement step in extended precision: K is well conditioned (eigenvalues ≥ 1).
-            R = self.M - (np.eye(dk, dtype=_LD) + _LD(eta) * self.M) @ X
-            X = X + np.linalg.solve(K, R.astype(np.float64)).astype(_LD)
+            try:
+                X = np.linalg.solve(K, self.M.astype(np.float64)).astype(_LD)
+                # One refinement step in extended precision: on an SPD chain K is well
+                # conditioned (eigenvalues ≥ 1).
+                R = self.M - (np.eye(dk, dtype=_LD) + _LD(eta) * self.M) @ X
+                X = X + np.linalg.solve(K, R.astype(np.float64)).astype(_LD)
+            except np.linalg.LinAlgError:
+                # Outside the SPD cone I + ηM can be singular: the exact chain has no inverse
+                # penalty to compare with, and the estimate says so (NaN residuals: infinite).
+                X = np.full_like(self.M, np.nan)
         self.M = 0.5 * (X + np.swapaxes(X, -1, -2))
         self.lam = self.lam / (1.0 + eta * self.lam)
 
@@ -298,8 +315,8 @@ class AccuracyTracker:
                     / np.maximum(A_size, 1e-300)
                     + (self.dk + 2) * self.u
                 )
-                if np.all(np.isfinite(A64)):
-                    sym = 0.5 * (A64 + np.swapaxes(A64, -1, -2))
+                sym = 0.5 * (A64 + np.swapaxes(A64, -1, -2))
+                if np.all(np.isfinite(sym)) and np.all(A_size > 0):
                     eig = np.linalg.eigvalsh(sym)[..., 0]
                     figures["min_eig_A_rel"] = Figure(float(np.min(eig / A_size)), None)
                     figures["asymmetry_A"] = Figure(
