@@ -47,7 +47,13 @@ FIELDS = [
     "out_eps",
     "norm_eps",
 ]
-FUZZ = settings(suppress_health_check=list(HealthCheck), deadline=None)
+#: Four times the profile's examples per entry point: ~10 s in all under ``ci``, ~10 min under
+#: ``thorough``.
+FUZZ = settings(
+    max_examples=4 * settings.default.max_examples,
+    suppress_health_check=list(HealthCheck),
+    deadline=None,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
