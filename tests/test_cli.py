@@ -272,15 +272,15 @@ _DRAWS = textwrap.dedent("""
     import sys
     if "extra" in sys.argv:
         import vla_verify.bench  # more local modules: more source constants for Hypothesis
-    if "pin" in sys.argv:
-        from vla_verify.runtime import pin_hypothesis_constants
-        pin_hypothesis_constants()
+    import contextlib
+    from vla_verify.runtime import seed_only_draws
     from vla_verify import VLAConfig
     from vla_verify.proofs.claims import search_max
     from vla_verify.properties.strategies import ShapeBounds, cases
     seeds = []
-    search_max(cases(VLAConfig.exact(), ShapeBounds(max_T=8, max_dk=3)),
-               lambda c: seeds.append(c.seed) or 0.0, examples=60, seed=0)
+    with seed_only_draws() if "pin" in sys.argv else contextlib.nullcontext():
+        search_max(cases(VLAConfig.exact(), ShapeBounds(max_T=8, max_dk=3)),
+                   lambda c: seeds.append(c.seed) or 0.0, examples=60, seed=0)
     print(seeds)
 """)
 
@@ -307,3 +307,15 @@ def test_the_same_seed_draws_the_same_examples_whatever_is_imported() -> None:
     in constants from the imported modules' source and they differ (the check can fail)."""
     assert _draws("pin") == _draws("pin", "extra")
     assert _draws() != _draws("extra")
+
+
+def test_seed_only_draws_restores_hypothesis_on_exit() -> None:
+    from hypothesis.internal.conjecture import providers
+
+    from vla_verify.runtime import seed_only_draws
+
+    hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    with seed_only_draws() as pinned:
+        assert pinned and providers._get_local_constants is not hook
+        assert len(providers._get_local_constants()) == 0
+    assert providers._get_local_constants is hook and providers.CONSTANTS_CACHE is cache

@@ -25,13 +25,13 @@ from .backends import Backend, available
 from .conformance import ConformanceRow, conformance, format_conformance
 from .errors import BackendUnavailableError, VLAInputError
 from .progress import ProgressBar
-from .runtime import cuda_available, pin_hypothesis_constants, use_triton_interpreter_without_gpu
+from .runtime import cuda_available, seed_only_draws, use_triton_interpreter_without_gpu
 from .spec import FLOAT_DTYPES, VARIANTS, VLAConfig
 from .validation import validate
 
 __all__ = ["ConformanceRow", "build_parser", "conformance", "main", "parse_config"]
 
-#: Subcommands whose figures must depend on the seed alone (runtime.pin_hypothesis_constants).
+#: Subcommands whose figures must depend on the seed alone (runtime.seed_only_draws).
 _SEEDED = ("run", "claims")
 
 
@@ -333,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
         if args.command in _SEEDED:
-            pin_hypothesis_constants()
+            with seed_only_draws():
+                return int(args.func(args))
         return int(args.func(args))
     except (VLAInputError, BackendUnavailableError) as exc:
         print(f"vla-verify: error: {exc}", file=sys.stderr)

@@ -8,11 +8,13 @@ the same seed gives the same figures.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 
-__all__ = ["cuda_available", "pin_hypothesis_constants", "use_triton_interpreter_without_gpu"]
+__all__ = ["cuda_available", "seed_only_draws", "use_triton_interpreter_without_gpu"]
 
 
 def cuda_available() -> bool:
@@ -44,21 +46,35 @@ def use_triton_interpreter_without_gpu() -> bool:
     return True
 
 
-def pin_hypothesis_constants() -> bool:
-    """Make Hypothesis' draws depend on the seed alone, not on which modules are imported.
+@contextlib.contextmanager
+def seed_only_draws() -> Iterator[bool]:
+    """Within the block, Hypothesis' draws depend on the seed alone, not on which modules are
+    imported; yields whether it could arrange that.
 
     Hypothesis (6.13x and later) mixes into its draws constants collected from the source of
-    every local module in ``sys.modules``, and caches them at the first draw.  ``vla-verify run``
-    imports the conformance machinery and the backends before the claims' searches, ``claims``
-    does not, so the same seed drew different examples (C3's search differed from the first
-    drawn ``seed`` on).  Turning the collection off gives both the same examples.  Uses a
-    private Hypothesis hook; returns False (and changes nothing) where it is absent."""
+    every local module in ``sys.modules``, cached at the first draw of each kind.  ``vla-verify
+    run`` imports the conformance machinery and the backends before the claims' searches,
+    ``claims`` does not, so the same seed drew different examples (C3's search differed from the
+    first drawn ``seed`` on).  Inside the block the collection is off and the cache empty; both
+    are restored on exit.  Uses a private Hypothesis hook; where it is absent, nothing changes.
+    """
     try:
         from hypothesis.internal.conjecture import providers
     except ImportError:  # pragma: no cover - hypothesis is a dependency
-        return False
-    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "_local_constants"):
-        return False
-    empty = providers._local_constants
+        yield False
+        return
+    hook = getattr(providers, "_get_local_constants", None)
+    pool = getattr(providers, "_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if hook is None or pool is None or cache is None:
+        yield False
+        return
+    empty = type(pool)()
+    # A fresh cache: entries drawn before the block were computed with the constants.
+    providers.CONSTANTS_CACHE = type(cache)(getattr(cache, "max_size", 1024))
     providers._get_local_constants = lambda: empty
-    return True
+    try:
+        yield True
+    finally:
+        providers._get_local_constants = hook
+        providers.CONSTANTS_CACHE = cache
