@@ -38,3 +38,17 @@ def test_planted_backend_returning_nan_is_caught_unless_it_opts_out() -> None:
     quiet.finite_output_check = False  # the opt-out a GPU kernel may take
     o, _ = quiet(*_tiny())
     assert np.isnan(o).all()
+
+
+class _NoPenaltyState(_PlantedNaN):
+    """A backend that keeps no ``A`` (as fla's adapters): ``None`` is not a non-finite output."""
+
+    def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
+        B, T, H, dk = q.shape
+        dv = v.shape[-1]
+        return np.zeros((B, T, H, dv)), (np.zeros((B, H, dv, dk)), None, np.zeros((B, H, dk)))
+
+
+def test_a_state_entry_that_is_not_kept_passes_the_check() -> None:
+    o, (_, A, _) = _NoPenaltyState()(*_tiny())
+    assert A is None and np.all(o == 0)

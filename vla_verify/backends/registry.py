@@ -234,7 +234,7 @@ class Backend(ABC):
         breakdown, reported as :class:`NonFiniteResultError` naming the output."""
         o, state = result
         for where, x in (("o", o), *zip(("state.S", "state.A", "state.z"), state, strict=True)):
-            if not all_finite(x):
+            if x is not None and not all_finite(x):  # None: a state entry not kept (fla's A)
                 raise NonFiniteResultError(
                     self.name,
                     where,
