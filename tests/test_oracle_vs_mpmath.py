@@ -116,3 +116,105 @@ def test_closed_forms_agree_with_mpmath() -> None:
     np.testing.assert_allclose(
         oracle.jacobian_spectral_norm(a, g, 3), oracle.jacobian_spectral_norm_mp(a, g), rtol=1e-14
     )
+
+
+# -- the reference (oracle.reference): escalation where float64 loses its digits -------------
+
+
+def _strongly_penalised(scale: float, seed: int = 0, T: int = 6, dk: int = 3, dv: int = 2):
+    """Six tokens whose penalties have norm ``scale``: the Sherman–Morrison downdate subtracts
+    numbers of size ``1/lambda0`` to make numbers of size ``1/scale²``."""
+    rng = np.random.default_rng(seed)
+    q = np.exp(rng.standard_normal((1, T, 1, dk)))
+    k = np.exp(rng.standard_normal((1, T, 1, dk)))
+    v = rng.standard_normal((1, T, 1, dv))
+    u = rng.standard_normal((1, T, 1, dk)) * scale
+    return q, k, v, u
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def test_float64_is_silently_wrong_on_the_six_token_problem() -> None:
+    """The known case: ||u|| ~ 1e8.  The raw float64 recurrence is percent-level off and its A
+    is indefinite (an eigenvalue ~ -1e3 where the truth is +1e-17): what the reference must
+    not return."""
+    args = _strongly_penalised(1e8)
+    config = VLAConfig.exact()
+    raw = oracle.recurrence(*args, config=config)
+    o_mp, (_, A_mp, _) = oracle.recurrence_mp(*args, config=config, dps=500)
+    assert _rel(raw.o, o_mp) > 1e-2
+    assert np.linalg.eigvalsh(raw.state[1]).min() < -1.0
+    assert 0 < np.linalg.eigvalsh(A_mp).min() < 1e-15
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e8, 1e100])
+def test_reference_escalates_to_the_right_answer(scale: float) -> None:
+    args = _strongly_penalised(scale)
+    config = VLAConfig.exact()
+    ref = oracle.reference(*args, config=config)
+    o_mp, state_mp = oracle.recurrence_mp(*args, config=config, dps=500)
+    assert ref.method.startswith("mpmath(")
+    assert _rel(ref.o, o_mp) <= oracle.DEFAULT_TARGET_RTOL
+    for got, want in zip(ref.state, state_mp, strict=True):
+        assert _rel(got, want) <= oracle.DEFAULT_TARGET_RTOL
+    assert ref.error_estimate <= oracle.DEFAULT_TARGET_RTOL
+
+
+@pytest.mark.parametrize("scale", [1e8, 1e100])
+def test_reference_refuses_when_too_large_to_escalate(scale: float) -> None:
+    from vla_verify.errors import IllConditionedError
+
+    with pytest.raises(IllConditionedError) as info:
+        oracle.reference(*_strongly_penalised(scale), config=VLAConfig.exact(), max_work=0)
+    err = info.value
+    assert err.step is not None and 1 <= err.step <= 6
+    assert err.figure in ("gate", "floor", "nonfinite", "memory")
+    assert err.estimate > oracle.DEFAULT_TARGET_RTOL
+    assert f"step {err.step}" in str(err) and "max_work=0" in str(err)
+
+
+def test_reference_keeps_float64_on_ordinary_inputs() -> None:
+    args = _well_conditioned(seed=3)
+    ref = oracle.reference(*args, config=VLAConfig())
+    raw = oracle.recurrence(*args, config=VLAConfig())
+    assert ref.method == "float64"
+    np.testing.assert_array_equal(ref.o, raw.o)
+    assert 0 < ref.error_estimate <= 1e-12
+
+
+@pytest.mark.parametrize("variant", ["vla", "rls", "delta", "linear"])
+def test_reference_does_not_escalate_well_conditioned_cases(variant: str) -> None:
+    """The false-alarm rate on the strategies' ordinary regimes (layer/gaussian penalties, no or
+    an SPD initial state) is zero: the estimate fires only where digits are lost."""
+    config = CONFIGS[variant]
+    methods: list[str] = []
+
+    @settings(max_examples=15, deadline=None)
+    @given(
+        case=cases(
+            config,
+            ShapeBounds(max_B=2, max_H=2, max_T=32, max_dk=6, max_dv=4),
+            penalty_regimes=("layer", "gaussian"),
+            key_regimes=("gaussian", "positive"),
+            value_regimes=("gaussian",),
+            query_regimes=("positive",),
+            state_regimes=("none", "spd"),
+        )
+    )
+    def run(case: Case) -> None:
+        ref = oracle.reference(
+            case.q,
+            case.k,
+            case.v,
+            case.u,
+            config=config,
+            variant=variant,
+            initial_state=case.initial_state,
+            max_work=0,
+        )
+        methods.append(ref.method)
+
+    run()
+    assert methods and set(methods) == {"float64"}

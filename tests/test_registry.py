@@ -157,3 +157,117 @@ def test_array_library_must_match_the_backend() -> None:
     x = torch.zeros(1, 1, 1, 1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"^q: backend 'numpy' takes numpy arrays, got torch"):
         backends.get("numpy")(x, x, x, x)
+
+
+# -- arguments first, and no silent non-finite result ------------------------------------------
+
+
+def _tiny(dtype=np.float64):
+    rng = np.random.default_rng(0)
+    q, k, u = (rng.standard_normal((1, 3, 1, 2)).astype(dtype) for _ in range(3))
+    v = rng.standard_normal((1, 3, 1, 2)).astype(dtype)
+    return q, k, v, u
+
+
+@pytest.mark.parametrize("name", ["numpy", "mpmath", "torch", "torch_chunked"])
+@pytest.mark.parametrize("config", [{"lambda0": 0.1}, "paper", 0.1])
+def test_a_config_of_the_wrong_type_names_config(name: str, config: object) -> None:
+    from vla_verify.errors import ConfigError
+
+    backend = backends.get(name)
+    args = _tiny()
+    if backend.capabilities.array == "torch":
+        torch = pytest.importorskip("torch")
+        args = tuple(torch.tensor(x) for x in args)
+    with pytest.raises(ConfigError) as info:
+        backend(*args, config=config)
+    assert info.value.argument == "config"
+    assert "expected a VLAConfig or None" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "argument"),
+    [
+        ("mpmath", {"dps": 2.5}, "dps"),
+        ("mpmath", {"dps": 0}, "dps"),
+        ("mpmath", {"max_work": -1}, "max_work"),
+        ("torch_chunked", {"chunk_size": "16"}, "chunk_size"),
+        ("numpy", {"chunk_size": 16}, "chunk_size"),
+    ],
+)
+def test_bad_options_are_refused_at_get_and_bind(name: str, options: dict, argument: str) -> None:
+    from vla_verify.errors import VLAInputError
+
+    with pytest.raises(VLAInputError) as info:
+        backends.get(name, **options)
+    assert info.value.argument == argument
+    with pytest.raises(VLAInputError) as info:
+        backends.get(name).bind(**options)
+    assert info.value.argument == argument
+
+
+def test_variant_and_name_of_the_wrong_type_are_named() -> None:
+    from vla_verify.errors import UnknownVariantError
+
+    with pytest.raises(UnknownVariantError):
+        backends.get("numpy", variant=["vla"])
+    with pytest.raises(UnknownBackendError):
+        backends.get(None)  # type: ignore[arg-type]
+
+
+def _floor_overflow_case():
+    """One head, dk = 1, an indefinite initial ``A = -1000``: ``1 + uᵀAu < 0``, so δ sits at the
+    floor and ``A`` grows by ``|A|²/sm_floor`` per step until float32 overflows at step 3: the
+    sequential float32 recurrence turns it into a NaN output."""
+    ones = np.ones((1, 3, 1, 1), dtype=np.float32)
+    state = (
+        np.zeros((1, 1, 1, 1), np.float32),
+        np.full((1, 1, 1, 1), -1000.0, np.float32),
+        np.ones((1, 1, 1), np.float32),
+    )
+    return (ones, ones, ones, ones), state
+
+
+@pytest.mark.parametrize(("name", "where"), [("torch", "o"), ("torch_chunked", "state.A")])
+def test_torch_backends_report_a_non_finite_result(name: str, where: str) -> None:
+    """The float32 ``torch`` backend returns NaN in ``o`` on this input (``torch_chunked`` a
+    finite ``o`` with ``A = -inf``): both are reported, naming the output."""
+    torch = pytest.importorskip("torch")
+    from vla_verify.errors import NonFiniteResultError
+
+    args, state = _floor_overflow_case()
+    t = lambda x: torch.tensor(x)  # noqa: E731
+    with pytest.raises(NonFiniteResultError) as info:
+        backends.get(name)(
+            *map(t, args), config=VLAConfig.exact(), initial_state=tuple(map(t, state))
+        )
+    assert info.value.where == where and info.value.backend == name
+
+
+def test_reference_backends_raise_on_a_non_finite_result() -> None:
+    from vla_verify.errors import IllConditionedError, NonFiniteResultError
+
+    args, state = _floor_overflow_case()
+    with pytest.raises(NonFiniteResultError):
+        backends.get("numpy")(*args, config=VLAConfig.exact(), initial_state=state)
+    big = tuple(x.astype(np.float64) * 1e200 for x in _tiny())
+    with pytest.raises((NonFiniteResultError, IllConditionedError)):
+        backends.get("mpmath")(*big, config=VLAConfig.exact())
+
+
+def test_reference_backends_refuse_what_they_cannot_resolve() -> None:
+    """The six-token problem with ||u|| ~ 1e8: float64 is percent-level off (numpy refuses);
+    mpmath at 20 digits is off too and refuses, at 100 digits it agrees with itself."""
+    from vla_verify.errors import IllConditionedError
+
+    rng = np.random.default_rng(0)
+    q, k = (np.exp(rng.standard_normal((1, 6, 1, 3))) for _ in range(2))
+    v = rng.standard_normal((1, 6, 1, 2))
+    u = rng.standard_normal((1, 6, 1, 3)) * 1e8
+    with pytest.raises(IllConditionedError) as info:
+        backends.get("numpy")(q, k, v, u, config=VLAConfig.exact())
+    assert info.value.step is not None and info.value.figure
+    with pytest.raises(IllConditionedError):
+        backends.get("mpmath", dps=20)(q, k, v, u, config=VLAConfig.exact())
+    o, _ = backends.get("mpmath", dps=100)(q, k, v, u, config=VLAConfig.exact())
+    assert np.all(np.isfinite(o))

@@ -48,7 +48,8 @@ def test_nudges_at_global_steps() -> None:
         ("lambda0", float("nan"), "finite"),
         ("lambda0", float("inf"), "finite"),
         ("lambda0", "0.1", "real number"),
-        ("sm_floor", -1e-4, ">= 0"),
+        ("sm_floor", -1e-4, "> 0"),
+        ("sm_floor", 0.0, "> 0"),
         ("nudge_eta", -1.0, ">= 0"),
         ("out_eps", 0.0, "> 0"),
         ("out_eps", -1.0, "> 0"),
@@ -164,3 +165,42 @@ def test_all_finite_fast_path_never_hides_a_nan_and_survives_an_overflowing_sum(
     t = torch.ones(8)
     t[5] = float("nan")
     assert not _all_finite(t)
+
+
+@pytest.mark.parametrize("field", ["nudge_period", "nudge_eta"])
+def test_exact_takes_no_nudge_arguments(field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        VLAConfig.exact(**{field: 5})
+    assert info.value.argument == field and "without nudges" in str(info.value)
+    assert VLAConfig.exact(nudge_period=None).nudge_period is None
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: VLAConfig(lamda0=1.0), "lamda0"),
+        (lambda: VLAConfig(*range(1, 10)), "config"),
+        (lambda: VLAConfig(0.1, lambda0=0.2), "lambda0"),
+        (lambda: VLAConfig().replace(nudges=3), "nudges"),
+        (lambda: VLAConfig.exact(eps=1), "eps"),
+        (lambda: VLAConfig(lambda0=1 + 2j), "lambda0"),
+        (lambda: VLAConfig(nudge_period=None, nudge_eta=float("nan")), "nudge_eta"),
+    ],
+)
+def test_config_errors_are_typed_and_named(call, argument: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert info.value.argument == argument
+
+
+def test_check_config_refuses_what_is_not_a_config() -> None:
+    from vla_verify.spec import check_config
+
+    assert check_config(None) == VLAConfig()
+    config = VLAConfig(lambda0=2.0)
+    assert check_config(config) is config
+    with pytest.raises(ConfigError, match=r"config: expected a VLAConfig or None, got dict"):
+        check_config({"lambda0": 0.1})
+    with pytest.raises(ConfigError) as info:
+        oracle.recurrence(*_inputs(), config={"lambda0": 0.1})
+    assert info.value.argument == "config"

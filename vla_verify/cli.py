@@ -17,19 +17,20 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .backends import available, get
+from .backends import Backend, available
 from .check_command import CHECK_DESCRIPTION, add_check_arguments, run_check
-from .errors import BackendUnavailableError, VLAError, VLAInputError
-from .progress import ProgressBar
-from .properties.strategies import ShapeBounds
+from .conformance import ConformanceRow, conformance, format_conformance
+from .errors import BackendUnavailableError, VLAInputError
+from .runtime import cuda_available, seed_only_draws, use_triton_interpreter_without_gpu
 from .spec import VLAConfig
-from .validation import ValidationReport, validate
 
-__all__ = ["build_parser", "conformance", "main", "parse_config"]
+__all__ = ["ConformanceRow", "build_parser", "conformance", "main", "parse_config"]
+
+#: Subcommands whose figures must depend on the seed alone (runtime.seed_only_draws).
+_SEEDED = ("run", "claims")
 
 
 def parse_config(exact: bool, assignments: Sequence[str]) -> VLAConfig:
@@ -75,7 +76,34 @@ def _load_function(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise VLAInputError("MODULE:FUNC", f"{target!r} is not callable")
+    if isinstance(obj, Backend):
+        reason = obj.availability()
+        if reason is not None:
+            raise VLAInputError("MODULE:FUNC", f"{target!r} cannot run here: {reason}")
+    if str(getattr(obj, "__module__", "") or "").split(".")[0] == "fla":
+        gpu = "" if cuda_available() else " (and there is no CUDA GPU here)"
+        raise VLAInputError(
+            "MODULE:FUNC",
+            f"{target!r} is an fla kernel, not a spec §4 callable fn(q, k, v, u, *, config, "
+            f"initial_state=None){gpu}: check it through the adapter, `vla-verify run "
+            "--backends fla`, or wrap it in a function of that signature",
+        )
     return obj
+
+
+def _check_positive(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise VLAInputError(argument, f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _check_writable(path: str | None, argument: str) -> None:
+    """Refuse, before any work, an output path whose folder is missing or that is a folder."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        raise VLAInputError(argument, f"expected a file path in an existing folder, got {path!r}")
 
 
 def _add_config_options(p: argparse.ArgumentParser) -> None:
@@ -141,162 +169,18 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass
-class ConformanceRow:
-    """One (backend, dtype) line of the conformance report."""
-
-    backend: str
-    dtype: str
-    device: str
-    verdict: str  # PASSED | FAILED | SKIPPED
-    examples: int
-    worst_ratio: float | None
-    seconds: float
-    note: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-
-#: Per backend: dtypes to check in `run` and the largest shapes (mpmath is slow).
-_RUN_PLAN: dict[str, tuple[tuple[str, ...], ShapeBounds | None, float]] = {
-    "numpy": (("float64", "float32"), None, 1.0),
-    "mpmath": (("float64",), ShapeBounds(max_B=1, max_H=1, max_T=24, max_dk=3, max_dv=3), 0.2),
-    "torch": (("float64", "float32", "bfloat16"), None, 1.0),
-    "torch_chunked": (("float64", "float32", "bfloat16"), None, 1.0),
-    "triton_fused": (("float32", "bfloat16"), None, 0.5),
-    "triton_chunked": (("float32", "bfloat16"), None, 0.5),
-    "fla": (("float32", "bfloat16"), ShapeBounds(max_T=24), 0.5),
-}
-
-
-def conformance(
-    names: Sequence[str] | None = None,
-    *,
-    max_examples: int = 30,
-    seed: int = 0,
-    show_progress: bool = True,
-) -> list[ConformanceRow]:
-    """Validate every available backend (or ``names``) against the oracle, variant ``vla``."""
-    rows: list[ConformanceRow] = []
-    statuses = {s.name: s for s in available()}
-    for name in names or list(statuses):
-        status = statuses.get(name)
-        if status is None:
-            raise VLAInputError("--backends", f"unknown backend {name!r}; known: {list(statuses)}")
-        if not status.available or status.capabilities is None:
-            rows.append(
-                ConformanceRow(
-                    name, "-", "-", "SKIPPED", 0, None, 0.0, status.reason or "unavailable"
-                )
-            )
-            continue
-        caps = status.capabilities
-        dtypes, bounds, scale = _RUN_PLAN.get(name, (caps.dtypes, None, 1.0))
-        if "cuda" in caps.devices and _cuda_available():
-            device = "cuda"
-        else:
-            device = "cpu" if "cpu" in caps.devices else caps.devices[0]
-        backend = get(name)
-        for dtype in dtypes:
-            if dtype not in caps.dtypes:
-                continue
-            config, config_note = _run_config(backend, dtype, device)
-            n = max(5, int(max_examples * scale))
-            bar = ProgressBar(f"conformance {name} {dtype}", n, enabled=show_progress)
-            try:
-                report: ValidationReport = validate(
-                    backend,
-                    config=config,
-                    array=caps.array,
-                    dtype=dtype,
-                    device=device,
-                    max_examples=n,
-                    seed=seed,
-                    bounds=bounds,
-                    progress=bar,
-                )
-            except (VLAError, BackendUnavailableError) as exc:
-                bar.close()
-                rows.append(ConformanceRow(name, dtype, device, "SKIPPED", 0, None, 0.0, str(exc)))
-                continue
-            bar.close()
-            note = "; ".join(
-                x for x in (config_note, "" if report.passed else report.failures[0].message) if x
-            )
-            rows.append(
-                ConformanceRow(
-                    name,
-                    dtype,
-                    device,
-                    "PASSED" if report.passed else "FAILED",
-                    report.examples,
-                    report.worst_ratio,
-                    report.elapsed_s,
-                    note,
-                )
-            )
-            if not report.passed:
-                print(report.summary(), file=sys.stderr)
-    return rows
-
-
-def _run_config(backend: Any, dtype: str, device: str) -> tuple[VLAConfig, str]:
-    """The paper preset if the backend takes it, else the nearest configuration it does take
-    (a chunked backend needs nudges at chunk boundaries), with a note saying which."""
-    from .spec import Shapes
-
-    one = Shapes(1, 1, 1, 1, 1)
-    preset = VLAConfig()
-    if backend.check_support(preset, one, dtype, device) is None:
-        return preset, ""
-    chunk = getattr(backend, "options", {}).get("chunk_size")
-    for config in ([preset.replace(nudge_period=chunk)] if chunk else []) + [VLAConfig.exact()]:
-        if backend.check_support(config, one, dtype, device) is None:
-            return config, f"config: nudge_period={config.nudge_period} (the preset's 20 refused)"
-    return preset, ""
-
-
-def use_triton_interpreter_without_gpu() -> bool:
-    """Set ``TRITON_INTERPRET=1`` when there is no CUDA GPU and the user has not chosen, so that
-    the Triton kernels are checked on the CPU.  Must run before triton is imported; returns
-    whether it did."""
-    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules or _cuda_available():
-        return False
-    os.environ["TRITON_INTERPRET"] = "1"
-    return True
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-def _print_conformance(rows: Sequence[ConformanceRow]) -> None:
-    print("Conformance against the float64 oracle (variant vla, error budget of spec §4)")
-    print(
-        f"{'backend':<15} {'dtype':<9} {'device':<6} {'verdict':<8} {'examples':>8} "
-        f"{'err/budget':>10} {'time':>7}  note"
-    )
-    for r in rows:
-        ratio = "-" if r.worst_ratio is None else f"{r.worst_ratio:.3g}"
-        print(
-            f"{r.backend:<15} {r.dtype:<9} {r.device:<6} {r.verdict:<8} {r.examples:>8} "
-            f"{ratio:>10} {r.seconds:>6.1f}s  {r.note}"
-        )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.backends.split(",")] if args.backends else None
-    if use_triton_interpreter_without_gpu():
-        print("no CUDA GPU: Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
+    if names is not None and not all(names):
+        raise VLAInputError("--backends", f"expected comma-separated names, got {args.backends!r}")
+    _check_positive(args.max_examples, "--max-examples")
+    _check_writable(args.json, "--json")
+    if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
+        raise VLAInputError("--outdir", f"expected a folder, got the file {args.outdir!r}")
     rows = conformance(
         names, max_examples=args.max_examples, seed=args.seed, show_progress=not args.quiet
     )
-    _print_conformance(rows)
+    print(format_conformance(rows))
     report: dict[str, Any] = {"version": __version__, "conformance": [r.as_dict() for r in rows]}
     failed = any(r.verdict == "FAILED" for r in rows)
     claims_hook = _claims_hook()
@@ -395,13 +279,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports triton (building the parser imports the ledger and the bench):
+    # every subcommand sees the same backends.
+    interpreting = use_triton_interpreter_without_gpu()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if interpreting:
+            print(
+                "vla-verify: no CUDA GPU: Triton kernels run through Triton's interpreter "
+                "(TRITON_INTERPRET=1)",
+                file=sys.stderr,
+            )
+        if args.command in _SEEDED:
+            with seed_only_draws():
+                return int(args.func(args))
         return int(args.func(args))
-    except VLAInputError as exc:
+    except (VLAInputError, BackendUnavailableError) as exc:
         print(f"vla-verify: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`vla-verify backends --json | head`): stop quietly.  Point
+        # stdout at /dev/null so that the interpreter's last flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -401,7 +401,7 @@ class FlaBackend(Backend):
     def __init__(self, *, variant: str = "vla", **options: Any) -> None:
         super().__init__(variant=variant, **options)
         kernel = self.options["kernel"]
-        if kernel is not None and kernel not in KERNELS:
+        if kernel is not None and (not isinstance(kernel, str) or kernel not in KERNELS):
             raise UnsupportedConfigurationError(
                 self.name,
                 f"unknown fla kernel {kernel!r}; expected one of {sorted(KERNELS)}",

@@ -10,13 +10,15 @@ operations, and :meth:`MpmathBackend.check_support` refuses requests above ``max
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mpmath
 import numpy as np
 from mpmath import mp
 
-from ..spec import VLAConfig, check_inputs, check_start, check_variant
+from ..errors import ConfigError, IllConditionedError
+from ..spec import VLAConfig, check_config, check_inputs, check_start, check_variant
 from .registry import Backend, Capabilities
 
 __all__ = ["MpmathBackend", "penalty_inverse_mp", "recurrence_mp", "to_float64"]
@@ -53,8 +55,10 @@ def _slice_recurrence(
     config: VLAConfig,
     variant: str,
     start: int = 0,
-) -> tuple[list[Vec], Mat, Mat, Vec]:
-    """One (batch, head) slice: ``q, k, u`` ``[T, dk]``, ``v`` ``[T, dv]`` (float64)."""
+) -> tuple[list[Vec], Mat, Mat, Vec, float]:
+    """One (batch, head) slice: ``q, k, u`` ``[T, dk]``, ``v`` ``[T, dv]`` (float64).  Also
+    returns the most decimal digits a Sherman–Morrison subtraction cancelled (``inf`` where it
+    cancelled them all)."""
     T, dk = q.shape
     dv = v.shape[1]
     mpf = mp.mpf
@@ -71,13 +75,21 @@ def _slice_recurrence(
         A = [[mpf(float(x)) for x in row] for row in state[1]]
         z = [mpf(float(x)) for x in state[2]]
     outputs = []
+    lost = [0.0]
 
     def downdate(M: Mat, x: Vec, floor: Any | None) -> Mat:
         s = _matvec(M, x)
         denom = 1 + _dot(x, s)
         if floor is not None:
             denom = max(denom, floor)
-        return [[M[i][j] - s[i] * s[j] / denom for j in range(dk)] for i in range(dk)]
+        new = [[M[i][j] - s[i] * s[j] / denom for j in range(dk)] for i in range(dk)]
+        # Digits the subtraction cancels: the size of what is subtracted over the result's.
+        subtracted = max(abs(a) for a in s) ** 2 / abs(denom) if denom else mpf(0)
+        result = max(abs(a) for row in new for a in row)
+        if subtracted > 0:
+            loss = float(mpmath.log10(subtracted / result)) if result > 0 else math.inf
+            lost[0] = max(lost[0], loss)
+        return new
 
     for t in range(T):
         q_t = [mpf(float(x)) for x in q[t]]
@@ -111,7 +123,7 @@ def _slice_recurrence(
             den = max(_dot(z, q_t), out_eps)
             read = [x / den for x in read]
         outputs.append(read)
-    return outputs, S, A, z
+    return outputs, S, A, z, lost[0]
 
 
 def recurrence_mp(
@@ -125,10 +137,16 @@ def recurrence_mp(
     initial_state: tuple[Any, Any, Any] | None = None,
     dps: int = 50,
     start: int = 0,
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return_lost_digits: bool = False,
+) -> Any:
     """The recurrence at ``dps`` digits; returns float64 ``(o, (S, A, z))`` rounded once.
-    ``start``: tokens consumed before this call (spec §2.3, the nudge clock)."""
-    config = VLAConfig() if config is None else config
+    ``start``: tokens consumed before this call (spec §2.3, the nudge clock).
+    ``return_lost_digits``: return ``(o, (S, A, z), lost)`` where ``lost`` is the most decimal
+    digits one Sherman–Morrison subtraction cancelled (``inf``: all of them); the result keeps
+    about ``dps − lost`` digits."""
+    config = check_config(config)
+    if isinstance(dps, bool) or not isinstance(dps, int) or dps < 1:
+        raise ConfigError("dps", f"expected an integer >= 1, got {dps!r}")
     check_variant(variant)
     start = check_start(start)
     B, T, H, dk, dv = check_inputs(q, k, v, u, initial_state)
@@ -136,17 +154,21 @@ def recurrence_mp(
     state = None if initial_state is None else [np.asarray(x, np.float64) for x in initial_state]
     o = np.empty((B, T, H, dv))
     S_out, A_out, z_out = np.empty((B, H, dv, dk)), np.empty((B, H, dk, dk)), np.empty((B, H, dk))
+    most_lost = 0.0
     with mp.workdps(dps):
         for b in range(B):
             for h in range(H):
                 st = None if state is None else (state[0][b, h], state[1][b, h], state[2][b, h])
-                outs, S, A, z = _slice_recurrence(
+                outs, S, A, z, lost = _slice_recurrence(
                     q[b, :, h], k[b, :, h], v[b, :, h], u[b, :, h], st, config, variant, start
                 )
+                most_lost = max(most_lost, lost)
                 o[b, :, h] = [[to_float64(x) for x in row] for row in outs]
                 S_out[b, h] = [[to_float64(x) for x in row] for row in S]
                 A_out[b, h] = [[to_float64(x) for x in row] for row in A]
                 z_out[b, h] = [to_float64(x) for x in z]
+    if return_lost_digits:
+        return o, (S_out, A_out, z_out), most_lost
     return o, (S_out, A_out, z_out)
 
 
@@ -232,6 +254,11 @@ class MpmathBackend(Backend):
         options={"dps": 50, "max_work": 200_000},
     )
 
+    def _check_option(self, option: str, value: Any, default: Any) -> None:
+        super()._check_option(option, value, default)
+        if option == "dps" and value < 1:
+            raise ConfigError("dps", f"backend 'mpmath': expected an integer >= 1, got {value!r}")
+
     def check_support(self, config, shapes, dtype, device="cpu", *, variant=None):  # type: ignore[no-untyped-def]
         reason = super().check_support(config, shapes, dtype, device, variant=variant)
         if reason is not None:
@@ -245,7 +272,8 @@ class MpmathBackend(Backend):
         return None
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
-        return recurrence_mp(
+        dps = int(self.options["dps"])
+        o, state, lost = recurrence_mp(
             q,
             k,
             v,
@@ -253,6 +281,22 @@ class MpmathBackend(Backend):
             config=config,
             variant=self.variant,
             initial_state=initial_state,
-            dps=int(self.options["dps"]),
+            dps=dps,
             start=start,
+            return_lost_digits=True,
         )
+        # A subtraction that cancels all but a few of the working digits leaves a result that
+        # agrees with nothing: refuse it, saying how many digits it needs.
+        if not lost <= dps - DIGITS_KEPT:
+            need = "more" if math.isinf(lost) else f"at least {math.ceil(lost) + DIGITS_KEPT}"
+            raise IllConditionedError(
+                f"a Sherman–Morrison subtraction cancelled {lost:.0f} of mpmath's {dps} digits; "
+                f"bind dps={need}, or use vla_verify.oracle.reference",
+                figure="cancellation",
+                estimate=lost,
+            )
+        return o, state
+
+
+#: Digits a result must keep beyond the most that any subtraction cancelled.
+DIGITS_KEPT = 20

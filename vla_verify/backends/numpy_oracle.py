@@ -22,11 +22,21 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..spec import FLOAT_DTYPES, VLAConfig, check_inputs, check_start, check_variant
+from ..errors import ConfigError, IllConditionedError
+from ..spec import (
+    FLOAT_DTYPES,
+    VLAConfig,
+    check_config,
+    check_inputs,
+    check_start,
+    check_variant,
+    unit_roundoff,
+)
+from .oracle_accuracy import AccuracyTracker, Diagnostics
 from .registry import Backend, Capabilities
 
 __all__ = [
+    "Diagnostics",
     "NumpyOracleBackend",
     "OracleResult",
     "StateHistory",
@@ -55,12 +65,28 @@ class StateHistory(NamedTuple):
     sm_denominator: Array
 
 
-class OracleResult(NamedTuple):
-    """``o`` ``[B, T, H, dv]``, the final ``state = (S, A, z)``, and the optional history."""
-
+class _OracleFields(NamedTuple):
     o: Array
     state: tuple[Array, Array, Array]
     history: StateHistory | None
+
+
+class OracleResult(_OracleFields):
+    """``o`` ``[B, T, H, dv]``, the final ``state = (S, A, z)``, and the optional history.
+
+    It unpacks as the triple ``(o, state, history)``; ``diagnostics`` (an attribute, not a
+    field) holds the oracle's own accuracy estimate
+    (:class:`~vla_verify.backends.oracle_accuracy.Diagnostics`) when the call asked for it with
+    ``diagnose=True``, else ``None``.
+    """
+
+    diagnostics: Diagnostics | None = None
+
+    def with_diagnostics(self, diagnostics: Diagnostics | None) -> OracleResult:
+        """This result with ``diagnostics`` attached."""
+        result = OracleResult(self.o, self.state, self.history)
+        result.diagnostics = diagnostics
+        return result
 
 
 def _round_bfloat16(x: Array) -> Array:
@@ -107,6 +133,7 @@ def recurrence(
     dtype: str | None = None,
     return_states: bool = False,
     start: int = 0,
+    diagnose: bool = False,
 ) -> OracleResult:
     """Run the recurrence of spec §2.3 (or a variant of §2.4) token by token.
 
@@ -123,6 +150,9 @@ def recurrence(
     return_states : also return every intermediate state (memory O(T)).
     start : tokens consumed before this call (spec §2.3): the nudge fires after step ``t`` when
         ``(start + t) % nudge_period == 0``.
+    diagnose : also track the oracle's own accuracy along the recurrence and attach the
+        a-posteriori estimate as ``result.diagnostics`` (:mod:`.oracle_accuracy`; about twice
+        the cost).  :func:`vla_verify.oracle.reference` acts on it.
 
     Returns
     -------
@@ -138,7 +168,7 @@ def recurrence(
     ``S_t = S_{t-1} + (v_t − S_{t-1}k̂_t)(P_t k̂_t)ᵀ − (S_{t-1}u_t)(P_t u_t)ᵀ``.
     It is defined for the exact penalty only, so it refuses a configuration with nudges.
     """
-    config = VLAConfig() if config is None else config
+    config = check_config(config)
     check_variant(variant)
     start = check_start(start)
     shapes = check_inputs(q, k, v, u, initial_state)
@@ -193,6 +223,11 @@ def recurrence(
             "sm_denominator": np.full((B, H, T), np.nan, dtype=work),
         }
     sm_floor = work(config.sm_floor)
+    tracker = (
+        AccuracyTracker(config, variant, (B, H, dk, dv), A, unit_roundoff=unit_roundoff(dtype))
+        if diagnose
+        else None
+    )
     # Overflow is reported by the non-finite result, which callers check; no warnings per step.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         for t in range(T):
@@ -200,40 +235,68 @@ def recurrence(
             delta = None
             if variant == "vla":
                 s = matvec(A, u_t)
-                delta = np.maximum(r(1 + dot(u_t, s)), sm_floor)
+                delta_raw = r(1 + dot(u_t, s))
+                delta = np.maximum(delta_raw, sm_floor)
+                if tracker is not None:
+                    tracker.downdate(u_t, s, delta_raw, config.sm_floor, A)
                 A = r(A - r(outer(s, s) / delta[..., None, None]))
                 if config.nudges_at(start + t + 1):
                     A = r(A + work(config.nudge_eta) * eye)
+                    if tracker is not None:
+                        tracker.nudge(config.nudge_eta)
                 k_hat = normalize(k_t)
                 alpha = matvec(A, k_hat)
                 gate = normalize(alpha) if config.normalize_gate else alpha
                 residual = r(v_t - matvec(S, k_hat))
+                if tracker is not None:
+                    tracker.gate(k_hat, alpha, config.normalize_gate, A)
+                    tracker.memory(S, k_hat, gate, residual)
                 S = r(S + outer(residual, gate))
             elif variant == "rls":
                 k_hat = normalize(k_t)
                 # Two Sherman–Morrison downdates: first the new key, then the new penalty direction.
                 p = matvec(A, k_hat)
-                A = r(A - r(outer(p, p) / r(1 + dot(k_hat, p))[..., None, None]))
+                key_denominator = r(1 + dot(k_hat, p))
+                if tracker is not None:
+                    tracker.downdate(k_hat, p, key_denominator, None, A)
+                A = r(A - r(outer(p, p) / key_denominator[..., None, None]))
                 s = matvec(A, u_t)
-                delta = np.maximum(r(1 + dot(u_t, s)), sm_floor)
+                delta_raw = r(1 + dot(u_t, s))
+                delta = np.maximum(delta_raw, sm_floor)
+                if tracker is not None:
+                    tracker.downdate(u_t, s, delta_raw, config.sm_floor, A)
                 A = r(A - r(outer(s, s) / delta[..., None, None]))
                 gate = matvec(A, k_hat)
                 residual = r(v_t - matvec(S, k_hat))
-                S = r(S + r(outer(residual, gate) - outer(matvec(S, u_t), matvec(A, u_t))))
+                w = matvec(A, u_t)
+                if tracker is not None:
+                    tracker.gate(k_hat, gate, False, A)
+                    tracker.probe(u_t, w, A)
+                    tracker.memory(S, k_hat, gate, residual, x=u_t, w=w)
+                S = r(S + r(outer(residual, gate) - outer(matvec(S, u_t), w)))
             elif variant == "delta":
                 k_hat = normalize(k_t)
                 gate = k_hat
                 residual = r(v_t - matvec(S, k_hat))
+                if tracker is not None:
+                    tracker.gate(k_hat, gate, False)
+                    tracker.memory(S, k_hat, gate, residual)
                 S = r(S + outer(residual, gate))
             else:  # linear
                 k_hat = normalize(k_t)
                 gate = k_t
+                if tracker is not None:
+                    tracker.gate(k_t, k_t, False)
+                    tracker.memory(S, k_hat, k_t, v_t)
                 S = r(S + outer(v_t, k_t))
             z = r(z + k_t)
             read = matvec(S, q_t)
+            denominator = None
             if config.normalize_output:
                 denominator = np.maximum(dot(z, q_t), work(config.out_eps))
                 read = r(read / denominator[..., None])
+            if tracker is not None:
+                tracker.readout(S, q_t, read, denominator)
             o[:, :, t] = read
             if return_states:
                 hist["S"][:, :, t] = S
@@ -247,14 +310,24 @@ def recurrence(
     history = None
     if return_states:
         history = StateHistory(**{name: np.moveaxis(x, 2, 1) for name, x in hist.items()})
-    return OracleResult(np.moveaxis(o, 2, 1), (S, A, z), history)
+    result = OracleResult(np.moveaxis(o, 2, 1), (S, A, z), history)
+    if tracker is not None:
+        result = result.with_diagnostics(tracker.finish(S, A))
+    return result
 
 
 # -- the registry's view of the oracle ---------------------------------------------------------
 
 
 class NumpyOracleBackend(Backend):
-    """Registry name ``numpy``: :func:`recurrence` as a spec §4 callable (NumPy in, NumPy out)."""
+    """Registry name ``numpy``: :func:`recurrence` as a spec §4 callable (NumPy in, NumPy out).
+
+    In float64 it tracks its own accuracy (``diagnose=True``) and raises
+    :class:`~vla_verify.errors.IllConditionedError` where, on an SPD chain (no or an SPD initial
+    ``A``), the estimate exceeds the option ``max_estimate`` (default 1e-2, relative): past it the
+    float64 chain has lost the digits that any budget relies on, and
+    :func:`vla_verify.oracle.reference` is the way to the answer.
+    """
 
     name = "numpy"
     description = "float64 NumPy oracle, token by token (spec §2.3-§2.4)"
@@ -264,6 +337,7 @@ class NumpyOracleBackend(Backend):
         dtypes=("float64", "float32", "float16"),
         differentiable=False,
         requires=("numpy",),
+        options={"max_estimate": 1e-2},
     )
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
@@ -278,7 +352,22 @@ class NumpyOracleBackend(Backend):
             initial_state=initial_state,
             dtype=dtype,
             start=start,
+            diagnose=dtype == "float64",
         )
+        diag = result.diagnostics
+        limit = float(self.options["max_estimate"])
+        # Outside the SPD cone (an indefinite initial A) the estimate is first order only, and
+        # no refusal is based on it there.
+        if diag is not None and diag.spd_chain and not diag.estimate <= limit:
+            where = diag.worst + ("" if diag.step is None else f" at step {diag.step}")
+            raise IllConditionedError(
+                f"the float64 oracle's error estimate {diag.estimate:.3g} exceeds "
+                f"max_estimate={limit:g} ({where}); use vla_verify.oracle.reference, which "
+                "escalates to mpmath",
+                step=diag.step,
+                figure=diag.worst,
+                estimate=diag.estimate,
+            )
         cast = getattr(np, dtype)
         S, A, z = result.state
         return result.o.astype(cast), (S.astype(cast), A.astype(cast), z.astype(cast))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
+import numbers
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -21,15 +23,21 @@ from typing import Any
 from ..arrays import is_torch
 from ..errors import (
     BackendUnavailableError,
+    ConfigError,
     DeviceError,
     DTypeError,
+    NonFiniteResultError,
+    ShapeError,
     UnknownBackendError,
+    UnknownVariantError,
     UnsupportedConfigurationError,
 )
 from ..spec import (
     VARIANTS,
     Shapes,
     VLAConfig,
+    all_finite,
+    check_config,
     check_inputs,
     check_start,
     check_variant,
@@ -83,8 +91,16 @@ class Backend(ABC):
     name: str = ""
     description: str = ""
     capabilities: Capabilities
+    #: Whether :meth:`__call__` checks that finite inputs gave finite outputs (one reduction per
+    #: output).  A backend whose check would cost a device synchronisation (a GPU kernel) may
+    #: turn it off, or override :meth:`checks_finite_outputs` to decide per device.
+    finite_output_check: bool = True
 
     def __init__(self, *, variant: str = "vla", **options: Any) -> None:
+        if not isinstance(variant, str):
+            raise UnknownVariantError(
+                "variant", f"expected one of {VARIANTS}, got {type(variant).__name__}"
+            )
         self.variant = check_variant(variant)
         unknown = set(options) - set(self.capabilities.options)
         if unknown:
@@ -94,7 +110,40 @@ class Backend(ABC):
                 f"{sorted(self.capabilities.options) or 'no options'}",
                 argument=sorted(unknown)[0],
             )
+        for option, value in options.items():
+            self._check_option(option, value, self.capabilities.options[option])
         self.options = {**self.capabilities.options, **options}
+
+    def _check_option(self, option: str, value: Any, default: Any) -> None:
+        """Refuse an option value of another type than its default's (an integer option takes
+        an integer ``>= 0``), raising :class:`ConfigError` naming the option.  Backends with
+        stricter options extend it."""
+        if default is None:
+            return
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+            want = "True or False"
+        elif isinstance(default, numbers.Integral):
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+            want = "an integer >= 0"
+        elif isinstance(default, numbers.Real):
+            ok = (
+                isinstance(value, numbers.Real)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
+            want = "a finite real number"
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+            want = "a string"
+        else:
+            return
+        if not ok:
+            raise ConfigError(option, f"backend {self.name!r}: expected {want}, got {value!r}")
+
+    def checks_finite_outputs(self, device: str) -> bool:
+        """Whether :meth:`__call__` checks the outputs for NaN/Inf on ``device``."""
+        return self.finite_output_check
 
     # -- description ---------------------------------------------------------------------------
     def availability(self) -> str | None:
@@ -145,8 +194,13 @@ class Backend(ABC):
         initial_state: tuple[Any, Any, Any] | None = None,
         start: int = 0,
     ) -> tuple[Any, tuple[Any, Any, Any]]:
-        config = VLAConfig() if config is None else config
+        config = check_config(config)
         start = check_start(start)
+        if initial_state is not None and not isinstance(initial_state, (tuple, list)):
+            raise ShapeError(
+                "initial_state",
+                f"expected a tuple (S, A, z) or None, got {type(initial_state).__name__}",
+            )
         self._precheck(q, k, v, u, initial_state, config)
         reason = self.availability()
         if reason is not None:
@@ -170,7 +224,23 @@ class Backend(ABC):
         reason = self.check_support(config, shapes, dtype_name(q), device)
         if reason is not None:
             raise UnsupportedConfigurationError(self.name, reason)
-        return self._run(q, k, v, u, config=config, initial_state=initial_state, start=start)
+        result = self._run(q, k, v, u, config=config, initial_state=initial_state, start=start)
+        if self.checks_finite_outputs(device):
+            self._check_finite_outputs(result)
+        return result
+
+    def _check_finite_outputs(self, result: Any) -> None:
+        """The inputs were checked finite: a NaN/Inf output is the backend's own overflow or
+        breakdown, reported as :class:`NonFiniteResultError` naming the output."""
+        o, state = result
+        for where, x in (("o", o), *zip(("state.S", "state.A", "state.z"), state, strict=True)):
+            if x is not None and not all_finite(x):  # None: a state entry not kept (fla's A)
+                raise NonFiniteResultError(
+                    self.name,
+                    where,
+                    "the recurrence overflowed or broke down (e.g. a Sherman–Morrison "
+                    "denominator at the floor with a large A); its result is not a number",
+                )
 
     def _checks_finite(self) -> bool:
         """Whether :meth:`__call__` refuses NaN/Inf inputs (on by default).  A GPU kernel may
@@ -297,7 +367,7 @@ def get(name: str, **options: Any) -> Backend:
     missing (a GPU kernel on a machine without one) is returned, and raises when called; its
     :meth:`Backend.availability` says why.
     """
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise UnknownBackendError("backend", f"expected one of {names()}, got {name!r}")
     return _load(_REGISTRY[name])(**options)
 

@@ -319,6 +319,31 @@ def _select(claims: Sequence[Claim], only: Sequence[str] | None) -> list[Claim]:
     return [c for c in claims if c.id in wanted]
 
 
+def _check_arguments(outdir: Any, progress: Any, only: Any, seed: Any, plots: Any) -> None:
+    """The argument checks of :func:`run_claims`, before any work (each names its argument)."""
+    if not isinstance(outdir, (str, Path)) or not str(outdir):
+        raise VLAInputError("outdir", f"expected a folder path, got {outdir!r}")
+    if Path(outdir).exists() and not Path(outdir).is_dir():
+        raise VLAInputError("outdir", f"expected a folder, got the file {str(outdir)!r}")
+    for name, value in (("progress", progress), ("plots", plots)):
+        if not isinstance(value, bool):
+            raise VLAInputError(name, f"expected True or False, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise VLAInputError("seed", f"expected an integer, got {seed!r}")
+    if only is not None and (isinstance(only, str) or not all(isinstance(o, str) for o in only)):
+        raise VLAInputError(
+            "only", f"expected a list of claim ids such as ['C1', 'C4'], got {only!r}"
+        )
+
+
+def _check_output_file(path: Any, argument: str) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir() or not p.resolve().parent.is_dir():
+        raise VLAInputError(argument, f"expected a file path in an existing folder, got {path!r}")
+
+
 def run_claims(
     profile: str | Profile = "quick",
     outdir: str | Path = "vla-verify-report",
@@ -337,6 +362,11 @@ def run_claims(
         if profile not in PROFILES:
             raise VLAInputError("profile", f"expected one of {sorted(PROFILES)}, got {profile!r}")
         profile = PROFILES[profile]
+    elif not isinstance(profile, Profile):
+        raise VLAInputError(
+            "profile", f"expected a profile name {sorted(PROFILES)} or a Profile, got {profile!r}"
+        )
+    _check_arguments(outdir, progress, only, seed, plots)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(profile=profile, outdir=out, seed=int(seed), show_progress=progress)
@@ -416,6 +446,8 @@ def main(args: argparse.Namespace) -> int:
         code, text = replay_file(args.replay)
         print(text, file=sys.stderr if code == 2 else sys.stdout)
         return code
+    _check_output_file(args.json, "--json")
+    _check_output_file(args.markdown, "--markdown")
     only = args.only.split(",") if args.only else None
     report = run_claims(
         args.profile,
