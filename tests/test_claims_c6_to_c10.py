@@ -130,4 +130,3 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
     path.write_text(json.dumps({"machine": {}, "records": rows}))
     slow = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
     assert slow["C9.speedup"].verdict is Verdict.NOT_REPRODUCED
-

@@ -228,6 +228,7 @@ class AccuracyTracker:
             # delta: the gate is k̂ itself; linear: k. Rounding only.
             self.gate_error = (self.dk + 2) * self.u * _norm(alpha)
             return
+        assert A is not None, "a tracked penalty needs the updated A"
         err = self._solve_error(k_hat, alpha, A) + (self.dk + 2) * self.u * _norm(alpha)
         with np.errstate(all="ignore"):
             rel = err / _norm(alpha)

@@ -124,7 +124,11 @@ class Backend(ABC):
             ok = isinstance(value, bool)
             want = "True or False"
         elif isinstance(default, numbers.Integral):
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+            ok = (
+                isinstance(value, numbers.Integral)
+                and not isinstance(value, bool)
+                and int(value) >= 0
+            )
             want = "an integer >= 0"
         elif isinstance(default, numbers.Real):
             ok = (

@@ -90,8 +90,10 @@ class AdversaryRun:
     def case(self) -> Case:
         """The inputs as a :class:`Case` (``[1, T, 1, d]`` float64, spec §1); queries positive."""
         q = np.abs(self.k) + 0.1
-        arrays = (x[None, :, None, :].astype(np.float64) for x in (q, self.k, self.v, self.u))
-        return Case(*arrays, None, max(1, self.T // 2), {"adversary": self.method})
+        q4, k4, v4, u4 = (
+            x[None, :, None, :].astype(np.float64) for x in (q, self.k, self.v, self.u)
+        )
+        return Case(q4, k4, v4, u4, None, max(1, self.T // 2), {"adversary": self.method})
 
     def prefix(self, T: int) -> AdversaryRun:
         """The first ``T`` steps (a causal search's run at length ``T``)."""
@@ -471,6 +473,7 @@ def gradient_search_product(
 
     def tile(x: Any) -> Any:
         return x.repeat(1, reps, 1)[:, :T]
+
     v0 = torch.zeros(restarts, T, 1, dtype=torch.float64)
     sign = 1.0 if maximise else -1.0
 
