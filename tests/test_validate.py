@@ -481,3 +481,49 @@ def test_check_usage_errors_exit_2_before_any_example(argv, capsys) -> None:
     assert main([*argv, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "vla-verify: error:" in err and "examples" not in capsys.readouterr().out
+
+
+# -- the reference validate judges against (spec §4; docs/reference.md) ----------------------
+
+
+def _strongly_penalised_case(scale: float) -> tuple[np.ndarray, ...]:
+    """Six tokens whose penalties have norm ``scale``: float64 loses the Sherman–Morrison
+    chain's digits there (the raw oracle is percent-level off at 1e8)."""
+    rng = np.random.default_rng(0)
+    q = np.exp(rng.standard_normal((1, 6, 1, 3)))
+    k = np.exp(rng.standard_normal((1, 6, 1, 3)))
+    v = rng.standard_normal((1, 6, 1, 2))
+    u = rng.standard_normal((1, 6, 1, 3)) * scale
+    return q, k, v, u
+
+
+def test_validate_never_judges_against_a_wrong_reference() -> None:
+    """Where the float64 oracle cannot vouch for itself, ``validate``'s reference is the
+    escalated mpmath result (checked against 500 digits), or the example is beyond reach; the
+    history a float64 run would give is refused, never returned."""
+    from vla_verify import oracle
+    from vla_verify.validation import _BeyondReach, _reference
+
+    inputs = _strongly_penalised_case(1e8)
+    config = VLAConfig.exact()
+    o_mp, _ = oracle.recurrence_mp(*inputs, config=config, dps=500)
+    raw = oracle.recurrence(*inputs, config=config)
+    scale = np.max(np.abs(o_mp))
+    assert np.max(np.abs(raw.o - o_mp)) / scale > 1e-2  # the raw float64 is wrong here
+    got = _reference(inputs, None, config=config, variant="vla")
+    assert np.max(np.abs(got.o - o_mp)) / scale <= 1e-10
+    with pytest.raises(_BeyondReach, match="history"):
+        _reference(inputs, None, config=config, variant="vla", return_states=True)
+
+
+def test_ordinary_inputs_keep_the_float64_reference() -> None:
+    """The escalation fires only where it is needed: an ordinary case keeps float64 and its
+    history (meta-test of the threshold's other side)."""
+    from vla_verify.validation import _reference
+
+    rng = np.random.default_rng(1)
+    q, k = (np.abs(rng.standard_normal((2, 30, 2, 4))) for _ in range(2))
+    v = rng.standard_normal((2, 30, 2, 3))
+    u = rng.standard_normal((2, 30, 2, 4)) / 2
+    got = _reference([q, k, v, u], None, config=VLAConfig(), variant="vla", return_states=True)
+    assert got.history is not None and got.diagnostics is not None

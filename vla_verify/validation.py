@@ -65,6 +65,8 @@ from .errors import (
     UnsupportedConfigurationError,
     VLAInputError,
 )
+from .oracle import DEFAULT_TARGET_RTOL
+from .oracle import reference as oracle_reference
 from .properties.strategies import (
     Case,
     ConformanceSizes,
@@ -74,6 +76,12 @@ from .properties.strategies import (
     swept_configs,
 )
 from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
+
+#: The float64 reference is used only where ``REFERENCE_SAFETY`` times its own error estimate is
+#: at most ``REFERENCE_RTOL`` (the factor by which the estimate may fall short of the true error,
+#: measured by tests/meta/test_oracle_accuracy_estimate.py); elsewhere it escalates to mpmath.
+REFERENCE_RTOL = DEFAULT_TARGET_RTOL
+REFERENCE_SAFETY = 20.0
 
 __all__ = [
     "PROFILES",
@@ -246,20 +254,35 @@ def _reference(
 ) -> OracleResult:
     """The oracle (spec §2.3) on float64 arrays, in ``dtype`` (default float64).
 
-    Where the oracle cannot vouch for its own result it raises :class:`IllConditionedError`;
+    The float64 run tracks its own accuracy (:mod:`vla_verify.backends.oracle_accuracy`);
+    where ``REFERENCE_SAFETY`` times its estimate passes ``REFERENCE_RTOL`` the result comes
+    from :func:`vla_verify.oracle.reference` (mpmath at the digits the estimate asks for).
+    Where the reference cannot vouch for its own result it raises :class:`IllConditionedError`;
     the example is then beyond the reference's reach and is counted as such, never judged
     against a reference that may be wrong (:class:`_BeyondReach`).
     """
+    kwargs: dict[str, Any] = dict(
+        config=config, variant=variant, initial_state=initial_state, start=start
+    )
     try:
-        return recurrence(
-            *inputs,
-            config=config,
-            variant=variant,
-            initial_state=initial_state,
-            dtype=dtype,
-            return_states=return_states,
-            start=start,
-        )
+        if dtype not in (None, "float64"):
+            # A same-precision run: its rounding is the point, not an error of the reference.
+            return recurrence(*inputs, dtype=dtype, return_states=return_states, **kwargs)
+        result = recurrence(*inputs, return_states=return_states, diagnose=True, **kwargs)
+        diag = result.diagnostics
+        if diag is None or REFERENCE_SAFETY * diag.estimate <= REFERENCE_RTOL:
+            return result
+        if return_states:
+            raise IllConditionedError(
+                f"the float64 reference's error estimate {diag.estimate:.3g} exceeds "
+                f"{REFERENCE_RTOL:g} ({diag.worst}), and its history cannot be escalated",
+                step=diag.step,
+                figure=diag.worst,
+                estimate=diag.estimate,
+            )
+        # The facade escalates to mpmath at the digits the estimate asks for, or raises.
+        escalated = oracle_reference(*inputs, target_rtol=REFERENCE_RTOL, **kwargs)
+        return OracleResult(escalated.o, escalated.state, None)
     except IllConditionedError as exc:
         raise _BeyondReach(str(exc)) from exc
 
