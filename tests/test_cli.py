@@ -332,3 +332,17 @@ def test_seed_only_draws_restores_hypothesis_on_exit() -> None:
         assert pinned and providers._get_local_constants is not hook
         assert len(providers._get_local_constants()) == 0
     assert providers._get_local_constants is hook and providers.CONSTANTS_CACHE is cache
+
+
+def test_experiments_subcommand_hands_over_its_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``vla-verify experiments ...`` is ``python -m vla_verify.experiments ...``: a bad grid
+    name is that CLI's usage error (exit 2), and the subcommand is listed in ``--help``."""
+    from vla_verify.cli import build_parser, main
+
+    assert "experiments" in build_parser().format_help()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["experiments", "list", "--grid", "no-such-grid"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'no-such-grid'" in capsys.readouterr().err

@@ -273,7 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
         "compute the verdict of every claim of spec §3 with its evidence",
     )
     _add_optional_subcommand(
-        sub, "vla_verify.bench", "bench", "time the kernels on the standard grid and print a table"
+        sub,
+        "vla_verify.bench",
+        "bench",
+        "run a benchmark suite (correctness gates first): JSON, table and plot",
+    )
+    # Listed here for --help; main() hands its arguments to vla_verify.experiments.cli.
+    sub.add_parser(
+        "experiments",
+        help="train and score the paper's experiments (MQAR, copy, state norm): "
+        "run | list | report (vla-verify experiments --help)",
+        add_help=False,
     )
     return parser
 
@@ -282,6 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports triton (building the parser imports the ledger and the bench):
     # every subcommand sees the same backends.
     interpreting = use_triton_interpreter_without_gpu()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["experiments"]:
+        from .experiments.cli import main as run_experiments
+
+        return int(run_experiments(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
