@@ -72,7 +72,7 @@ def test_check_respects_config_options(user_module: str, capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["check", "my_kernels"], "MODULE:FUNC: expected 'package.module:function'"),
+        (["check", "my_kernels"], "fn: expected a callable, 'module:function' or a backend name"),
         (["check", "no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
         (["check", "my_kernels:missing"], "has no attribute 'missing'"),
         (["check", "my_kernels:not_callable"], "is not callable"),
@@ -284,7 +284,7 @@ def test_run_counts_examples_as_its_progress_bars_do(capsys: pytest.CaptureFixtu
 _DRAWS = textwrap.dedent("""
     import sys
     if "extra" in sys.argv:
-        import vla_verify.bench  # more local modules: more source constants for Hypothesis
+        import vla_verify.experiments.tasks  # more local modules: more source constants
     import contextlib
     from vla_verify.runtime import seed_only_draws
     from vla_verify import VLAConfig
@@ -316,10 +316,10 @@ def _draws(*flags: str) -> str:
 
 def test_the_same_seed_draws_the_same_examples_whatever_is_imported() -> None:
     """``run`` imports more of vla_verify than ``claims`` before the searches: with the draws
-    pinned to the seed (as both subcommands do) the examples agree; unpinned, Hypothesis mixes
-    in constants from the imported modules' source and they differ (the check can fail)."""
+    pinned to the seed (as both subcommands do) the examples agree.  Unpinned, Hypothesis mixes
+    in constants from the imported modules' source (whether that moves these draws depends on
+    the strategies; that the pin removes those constants is checked below)."""
     assert _draws("pin") == _draws("pin", "extra")
-    assert _draws() != _draws("extra")
 
 
 def test_seed_only_draws_restores_hypothesis_on_exit() -> None:
@@ -328,6 +328,7 @@ def test_seed_only_draws_restores_hypothesis_on_exit() -> None:
     from vla_verify.runtime import seed_only_draws
 
     hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    assert len(hook()) > 0  # unpinned, the draws read the local modules' constants
     with seed_only_draws() as pinned:
         assert pinned and providers._get_local_constants is not hook
         assert len(providers._get_local_constants()) == 0

@@ -533,8 +533,19 @@ def _evaluate(
             given.extend(copies)
             checked.extend(state)
             given_state = copies
+        elif state is not None:
+            # fn's own returned state, carried into the second half: fn gets copies of it too,
+            # so that changing them in place is reported as such, not as a carry failure.
+            snapshots = [None if x is None else np.array(to_numpy(x), copy=True) for x in state]
+            copies = tuple(
+                None if x is None else from_numpy(np.array(x, copy=True), array, dtype, device)
+                for x in snapshots
+            )
+            given.extend(copies)
+            checked.extend(snapshots)  # type: ignore[arg-type]
+            given_state = copies
         else:
-            given_state = None if state is None else tuple(state)
+            given_state = None
         extra = {"start": start} if start else {}
         try:
             result = fn(*given[:4], config=config, initial_state=given_state, **extra)
@@ -553,7 +564,9 @@ def _evaluate(
                 tb=traceback.format_exc(),
             )
         changed = [
-            n for n, x, s in zip(names, given, checked, strict=False) if not _same_bits(x, s)
+            n
+            for n, x, s in zip(names, given, checked, strict=False)
+            if s is not None and not _same_bits(x, s)
         ]
         if changed:
             return fail(
