@@ -1,4 +1,4 @@
-"""CPU benchmarks of the foundation (issue 2): the float64 oracle and ``validate``.
+"""CPU benchmarks of the foundation: the float64 oracle and ``validate``.
 
 Run: ``pytest benchmarks/test_bench_oracle.py --benchmark-only``.  Targets (2-core machine):
 the oracle at B=4, H=8, T=4096, dk=dv=64 in ≤ 5 s; ``validate`` with the default

@@ -1,4 +1,4 @@
-"""CPU benchmarks of the PyTorch backends (issue 4): chunked (spec §5) against sequential (§2.3).
+"""CPU benchmarks of the PyTorch backends: chunked (spec §5) against sequential (§2.3).
 
 Run: ``pytest benchmarks/test_bench_torch_cpu.py --benchmark-only``.  The issue's target:
 B = 1, H = 4, dk = dv = 64, T = 2048, float32, forward: ``torch_chunked`` ≥ 10× faster than

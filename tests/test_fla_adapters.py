@@ -1,4 +1,4 @@
-"""flash-linear-attention's kernels through the conformance interface (spec §4, §5; issue 6).
+"""flash-linear-attention's kernels through the conformance interface (spec §4, §5).
 
 Without a GPU these run fla's Triton kernels on CPU tensors through Triton's interpreter
 (``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` before triton is imported); with one, on CUDA.

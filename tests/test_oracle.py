@@ -165,7 +165,7 @@ def test_round_to_bfloat16_ties_to_even() -> None:
 
 
 def test_memory_is_independent_of_T_without_history() -> None:
-    """O(B·H·d²) working memory beyond the inputs and the output (issue 2)."""
+    """O(B·H·d²) working memory beyond the inputs and the output."""
 
     def peak(T: int) -> int:
         q, k, v, u = _random(B=1, T=T, H=2, dk=16, dv=16)

@@ -3,7 +3,7 @@
 Two statements:
 
 1. On well-conditioned random inputs, every variant agrees with mpmath to a relative error
-   ≤ 1e-12 (issue 2).
+   ≤ 1e-12.
 2. The error model that ``validate`` uses for float64 implementations
    (:mod:`vla_verify.error_model`: ``err_64 ≈ (u_64/u_32)·err_32``) bounds the oracle's true
    error, measured against mpmath, on the hard corners the strategies draw.

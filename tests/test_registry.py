@@ -1,4 +1,4 @@
-"""The backend registry: what exists, what runs here, and why not (issue 2 §5)."""
+"""The backend registry: what exists, what runs here, and why not."""
 
 from __future__ import annotations
 

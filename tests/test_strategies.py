@@ -1,4 +1,4 @@
-"""The Hypothesis strategies reach the corners they promise (issue 3), quickly, and stay
+"""The Hypothesis strategies reach the corners they promise, quickly, and stay
 compatible with ``validate`` (spec §1 layouts, float64, finite)."""
 
 from __future__ import annotations

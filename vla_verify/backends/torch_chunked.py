@@ -78,7 +78,7 @@ default (``penalty_chain="auto"``) float64 inputs run the penalty chain step by 
 the chunked UT state chain; ``penalty_chain="woodbury"`` forces the spec §5 form
 (``tests/test_torch_backends.py`` records its float64 limitation).
 
-Speed (CPU; issue 4, ``benchmarks/test_bench_torch_cpu.py``).  The float64 penalty chain is
+Speed (CPU; ``benchmarks/test_bench_torch_cpu.py``).  The float64 penalty chain is
 most of the work, and PyTorch runs a batched Cholesky factorisation or triangular solve on CPU
 as one LAPACK call per matrix (the factorisation on one thread): at ``C = dk = 64`` those calls
 cost about as much as all of the chain's batched products.  So the prefix chain factorises ``M``
@@ -348,10 +348,10 @@ def _penalty_chunk(
 #: Tokens per Woodbury step of the prefix chain (:func:`_gates_prefix`; at most the chunk size):
 #: the chain's products, factorisations and solves cost ``C²`` per step, its downdates do not
 #: depend on ``C``, and its work does not depend on the state chain's chunks, so it cuts a chunk
-#: of 64 tokens in two (measured on the benchmark of issue 4: about 5% faster than 64).
+#: of 64 tokens in two (measured on the CPU benchmark of ``benchmarks/test_bench_torch_cpu.py``: about 5% faster than 64).
 _PENALTY_CHUNK = 32
 #: Tokens between two restarts of the prefix chain from a Cholesky factorisation of ``M``
-#: (:func:`_penalty_blocks`; on the benchmark of issue 4, the fastest of the lengths tried,
+#: (:func:`_penalty_blocks`; on that benchmark, the fastest of the lengths tried,
 #: 16…1024, at each chunk size).
 _RESTART_TOKENS = 256
 #: Blocks (of all heads together) per batched call in :func:`_gates_prefix`: about 1 MiB per

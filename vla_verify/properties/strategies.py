@@ -20,7 +20,7 @@ Regimes (the first of each list is the plainest, the one shrinking moves towards
   ``indefinite`` (a symmetric indefinite ``A``, which drives the Sherman–Morrison denominator to
   its floor ``sm_floor``).
 
-Further corners (issue 3), first-class options outside the defaults of :func:`cases` (which
+Further corners, first-class options outside the defaults of :func:`cases` (which
 ``validate`` draws from): keys ``unit`` and ``near_parallel_tight`` (angles 1e-3…1e-2);
 penalties ``ill_conditioned`` (``κ(M_T)`` log-uniform up to 1e8); queries ``cancelling``
 (``z_t·q_t`` within ±out_eps of 0); values ``bounded`` (``||v|| <= 1``) and ``unit``.  Presets:
@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 # The default regimes of ``cases`` (what ``validate`` draws from; unchanged so that validation
-# runs stay comparable).  The ``ALL_*`` tuples add the further corners of issue 3, first-class
+# runs stay comparable).  The ``ALL_*`` tuples add the further corners, first-class
 # options for the property tests: pass them as ``key_regimes=...`` etc.
 KEY_REGIMES = ("gaussian", "positive", "near_parallel", "repeated", "scaled")
 PENALTY_REGIMES = ("layer", "gaussian", "concentrated", "tiny", "zero")
@@ -598,7 +598,7 @@ def swept_configs(draw: st.DrawFn, given: VLAConfig, variant: str = "vla") -> VL
 
 
 def hard_cases(config: VLAConfig | None = None, bounds: ShapeBounds | None = None) -> Any:
-    """:func:`cases` over every corner of issue 3: ill-conditioned penalties (κ to 1e8), keys at
+    """:func:`cases` over every further corner: ill-conditioned penalties (κ to 1e8), keys at
     angles down to 1e-3, positive-orthant keys, cancelling read-out denominators, bounded and
     large values, given initial states (SPD and indefinite)."""
     return cases(
