@@ -348,7 +348,8 @@ def _penalty_chunk(
 #: Tokens per Woodbury step of the prefix chain (:func:`_gates_prefix`; at most the chunk size):
 #: the chain's products, factorisations and solves cost ``C²`` per step, its downdates do not
 #: depend on ``C``, and its work does not depend on the state chain's chunks, so it cuts a chunk
-#: of 64 tokens in two (measured on the CPU benchmark of ``benchmarks/test_bench_torch_cpu.py``: about 5% faster than 64).
+#: of 64 tokens in two (on the CPU benchmark ``benchmarks/test_bench_torch_cpu.py``: about 5%
+#: faster than 64).
 _PENALTY_CHUNK = 32
 #: Tokens between two restarts of the prefix chain from a Cholesky factorisation of ``M``
 #: (:func:`_penalty_blocks`; on that benchmark, the fastest of the lengths tried,
