@@ -77,8 +77,10 @@ def agrees(measured: float, std: float, seeds: int, paper: float) -> bool:
 
 
 def _default_sources() -> list[Path]:
+    """The repository's results folder beside the package (never the working directory: the
+    verdict must not depend on where the ledger runs)."""
     here = Path(__file__).resolve().parents[3]
-    return [Path.cwd() / RESULTS, here / RESULTS]
+    return [here / RESULTS]
 
 
 def _result(
@@ -116,7 +118,8 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
         figures = None
     if figures is None:
         reason = (
-            f"not yet measured: no C10 results in {source} (python -m vla_verify.experiments run "
+            f"not yet measured: no C10 results in {source if explicit else RESULTS} "
+            "(python -m vla_verify.experiments run "
             "--grid mqar, then --grid mqar_length)"
         )
         return [_result(Verdict.NOT_MEASURED, reason, [reason], {})]
