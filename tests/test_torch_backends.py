@@ -302,7 +302,10 @@ def test_chunked_float64_default_passes_the_case_run_found() -> None:
     config = VLAConfig(nudge_period=64)
     for chain, ok in (("auto", True), ("woodbury", False)):
         be = backends.get("torch_chunked", penalty_chain=chain)
-        failure, _ = evaluate_case(be, case, config=config, array="torch", dtype="float64")
+        judged = evaluate_case(be, case, config=config, array="torch", dtype="float64")
+        if judged is None:
+            pytest.skip("the case is beyond the float64 reference's reach (its accuracy check)")
+        failure, _ = judged
         assert (failure is None) is ok, (chain, failure and failure.describe())
 
 

@@ -155,11 +155,11 @@ def _backend_rows(
                 dtype,
                 device,
                 "PASSED" if report.passed else "FAILED",
-                report.examples - report.rejected,
+                report.examples - report.rejected - report.beyond_reach,
                 report.worst_ratio,
                 report.elapsed_s,
                 note,
-                report.rejected,
+                report.rejected + report.beyond_reach,
             )
         )
         if not report.passed:
@@ -196,6 +196,7 @@ def format_conformance(rows: Sequence[ConformanceRow]) -> str:
         )
     lines.append(
         "examples: those counted toward --max-examples (as the progress bars count them); "
-        "rejected: drawn on top, outside the dtype's envelope, redrawn"
+        "rejected: drawn on top (outside the dtype's envelope, or beyond the reference's reach), "
+        "redrawn"
     )
     return "\n".join(lines)
