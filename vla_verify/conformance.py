@@ -60,6 +60,10 @@ _RUN_PLAN: dict[str, tuple[tuple[str, ...], ShapeBounds | None, float]] = {
     "fla": (("float32", "bfloat16"), ShapeBounds(max_T=24), 0.5),
 }
 
+#: Shapes for the Triton kernels when they run through the interpreter (no GPU): at the
+#: checker's default sizes (dk to 128, T to 640) one interpreted example takes minutes.
+_INTERPRETER_BOUNDS = ShapeBounds(max_B=2, max_H=2, max_T=80, max_dk=16, max_dv=16)
+
 
 def _check_count(value: Any, argument: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -123,6 +127,8 @@ def _backend_rows(
     else:
         device = "cpu" if "cpu" in caps.devices else caps.devices[0]
     backend = get(name)
+    if name.startswith("triton") and device == "cpu":
+        bounds = _INTERPRETER_BOUNDS
     for dtype in dtypes:
         if dtype not in caps.dtypes:
             continue
