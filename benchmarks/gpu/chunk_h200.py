@@ -419,6 +419,42 @@ def analyse(out: dict[str, Any], path: Path) -> None:
         _log("plot failed", repr(exc))
 
 
+def compile_check(out: dict[str, Any]) -> None:
+    """Each kernel configuration once, at a small shape, against the float64 oracle: key widths
+    16–128, fp32 and bf16 inputs, both penalty precisions, both presets.  A configuration that
+    fails to build records the tail of its error and the run goes on."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.numpy_oracle import recurrence
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _inputs
+    from vla_verify.error_model import compare
+
+    res = out.setdefault("compile_check", {})
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    for name, cfg in (("paper", VLAConfig()), ("exact", VLAConfig.exact())):
+        for D in (16, 32, 64, 128):
+            for dname, dt in dtypes.items():
+                for pd in ("float64", "float32"):
+                    key = f"{name}_D{D}_{dname}_penalty_{pd}"
+                    x = _inputs(1, 100, 2, D, dt, "cuda", seed=D)
+                    args = [x[n] for n in "qkvu"]
+                    try:
+                        o, _ = chunked_vla(*args, config=cfg, penalty_dtype=pd)
+                        torch.cuda.synchronize()
+                        seen = [a.double().cpu().numpy() for a in args]
+                        ref = recurrence(*seen, config=cfg)
+                        base = recurrence(*seen, config=cfg, dtype=dname)
+                        c = compare("o", o.double().cpu().numpy(), ref.o, base.o, dname,
+                                    terms=D + 64)  # fmt: skip
+                        res[key] = {"ratio": float(c.ratio), "passed": bool(c.passed)}
+                    except Exception as exc:
+                        res[key] = {"error": (type(exc).__name__ + ": " + str(exc))[-1500:]}
+                    _log("compile", key, res[key])
+                    RUN["path"].write_text(json.dumps(out, indent=1))
+
+
 def minimal(out: dict[str, Any]) -> None:
     """A short run: the bf16 kernel against the oracle at T = 4096, then the chunked forward
     and causal SDPA at D = 64, 128 and T = 4096, 16384, and the chunked forward's kernels."""
@@ -496,6 +532,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
     ap.add_argument("--minimal", action="store_true", help="a short run (function minimal)")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument(
+        "--compile-check", action="store_true", help="first build every kernel configuration"
+    )
     a = ap.parse_args()
     if a.smoke:
         RUN.update(SMOKE)
@@ -506,6 +545,13 @@ def main() -> None:
     path = Path(a.out) / "chunk.json"
     RUN["path"] = path
     t0 = time.time()
+    if a.compile_check:
+        try:
+            compile_check(out)
+        except Exception:
+            out["error"] = traceback.format_exc()
+            _log(out["error"])
+        path.write_text(json.dumps(out, indent=1))
     if a.minimal:
         try:
             minimal(out)
