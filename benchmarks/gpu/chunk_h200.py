@@ -436,12 +436,15 @@ def compile_check(out: dict[str, Any]) -> None:
     for name, cfg in (("paper", VLAConfig()), ("exact", VLAConfig.exact())):
         for D in (16, 32, 64, 128):
             for dname, dt in dtypes.items():
-                for pd in ("float64", "float32"):
-                    key = f"{name}_D{D}_{dname}_penalty_{pd}"
+                precs = ("ieee", "tf32") if dname == "float32" else ("tf32",)
+                for pd, prec in ((pd, p) for pd in ("float64", "float32") for p in precs):
+                    key = f"{name}_D{D}_{dname}_penalty_{pd}_{prec}"
                     x = _inputs(1, 100, 2, D, dt, "cuda", seed=D)
                     args = [x[n] for n in "qkvu"]
                     try:
-                        o, _ = chunked_vla(*args, config=cfg, penalty_dtype=pd)
+                        o, _ = chunked_vla(
+                            *args, config=cfg, penalty_dtype=pd, input_precision=prec
+                        )
                         torch.cuda.synchronize()
                         seen = [a.double().cpu().numpy() for a in args]
                         ref = recurrence(*seen, config=cfg)
@@ -453,6 +456,8 @@ def compile_check(out: dict[str, Any]) -> None:
                         res[key] = {"error": (type(exc).__name__ + ": " + str(exc))[-1500:]}
                     _log("compile", key, res[key])
                     RUN["path"].write_text(json.dumps(out, indent=1))
+                    if "illegal memory access" in res[key].get("error", ""):
+                        return  # the CUDA context is lost: later launches would fail too
 
 
 def minimal(out: dict[str, Any]) -> None:

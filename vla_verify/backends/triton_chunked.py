@@ -14,15 +14,13 @@ inter-chunk state recurrence with the read-out.  Every nudge period and every ``
 exactly (spec §2.3: the nudge fires after step t of the call when ``(start + t) % nudge_period
 == 0``).
 
-Precision.  Inputs are float32, bfloat16 or float16; the state chain accumulates in float32,
-with bf16/fp16 operands (and tf32 for its float32 products) for 16-bit inputs and, for float32
-inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa
-operands).  The penalty chain runs in ``penalty_dtype``: float64 by default, since a float32
-Woodbury chain re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale,
-which was measured outside the spec §4 budget on strong penalties (``docs/design/
-triton_chunked.md``); float32 stays available for layer-like penalties.  The state comes back
-in float32.  Under Triton's CPU interpreter 16-bit inputs take the float32 products (the
-interpreter computes bf16 ``tl.dot`` wrongly).
+Precision.  Inputs are float32, bfloat16 or float16; the state chain's products take float32
+operands and accumulate in float32: tf32 for 16-bit inputs and, for float32 inputs,
+``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The
+penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
+re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
+measured outside the spec §4 budget on strong penalties (``docs/design/triton_chunked.md``);
+float32 stays available for layer-like penalties.  The state comes back in float32.
 
 Gradients.  The backward is not a Triton kernel yet: :class:`ChunkedVLAFunction` recomputes the
 forward through :func:`vla_verify.backends.torch_chunked.chunked` (the same spec §5 forms in
@@ -157,19 +155,23 @@ def _forward(
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
     # kernel holds several: 8 warps keep them in registers.
     warps = 4 if BK <= 64 else 8
+    # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
+    # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
+    # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
+    # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
+    kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
     kernels.penalty_chain_kernel[(BH,)](
-        k, u, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
+        kp, up, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
         DK=dk, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
         NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
     )  # fmt: skip
     Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
     Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
-    # Triton's CPU interpreter computes tl.dot of bf16 operands wrongly (off by ~1e10 in
-    # Triton 3.9), so there 16-bit inputs take the float32 products.
-    dot16 = q.dtype in (torch.bfloat16, torch.float16) and not interpreted()
-    # The float32 products of 16-bit inputs take tf32: the bf16/fp16 budget of spec §4 is set
-    # by the low-precision oracle, far above tf32's rounding.
-    prec = "tf32" if dot16 else input_precision
+    # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
+    # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
+    # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
+    # the low-precision oracle, far above tf32's rounding.
+    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     kernels.state_prep_kernel[(TP // C, BH)](
         k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
@@ -180,8 +182,7 @@ def _forward(
     bvb = min(BV, 32)
     kernels.state_chain_kernel[(BH, BV // bvb)](
         q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
-        DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, DOT16=dot16,
-        OP=_tl_dtype(q.dtype), PREC=prec,
+        DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
     )  # fmt: skip
     A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)

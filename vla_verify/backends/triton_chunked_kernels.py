@@ -24,10 +24,9 @@ Three launches, in this order:
    of value rows): ``E_c = Ṽ_c − K̃_c S_cᵀ``, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c``,
    ``S_{c+1} = S_c + E_cᵀ Â_c``, and the read-out normaliser from ``z_t = z_0 + Σ_{s≤t} k_s``.
 
-Products of the state chain take the inputs' dtype as operands when that is 16-bit (bf16/fp16
-operands, float32 accumulation; constexpr ``DOT16``), else float32 with ``PREC`` (``"ieee"`` or
-``"tf32"``: the ``input_precision`` switch of
-:func:`~vla_verify.backends.triton_chunked.chunked_vla`).  The penalty chain's products are
+Products of the state chain take float32 operands with ``PREC`` (``"ieee"`` or ``"tf32"``: the
+``input_precision`` switch of :func:`~vla_verify.backends.triton_chunked.chunked_vla`; tf32 for
+16-bit inputs), accumulating in float32.  The penalty chain's products are
 ``PD`` × ``PD`` with ``PD`` accumulation (float64 tensor cores on sm_90).
 """
 
@@ -255,8 +254,6 @@ def state_chain_kernel(
     BVB: tl.constexpr,
     C: tl.constexpr,
     TP: tl.constexpr,
-    DOT16: tl.constexpr,
-    OP: tl.constexpr,
     PREC: tl.constexpr,
     NORMALIZE_OUTPUT: tl.constexpr,
     BUG: tl.constexpr,
@@ -292,17 +289,11 @@ def state_chain_kernel(
         Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
         Kt = tl.load(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :])
         Vt = tl.load(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
-        if DOT16:
-            E = Vt - tl.dot(Kt.to(OP), tl.trans(S).to(OP))
-            P = tl.where(causal, tl.dot(Q.to(OP), tl.trans(Ag).to(OP)), 0.0)
-            O = tl.dot(Q.to(OP), tl.trans(S).to(OP)) + tl.dot(P.to(OP), E.to(OP))
-            S = S + tl.dot(tl.trans(E).to(OP), Ag.to(OP))
-        else:
-            E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
-            P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
-            O = tl.dot(Q, tl.trans(S), input_precision=PREC)
-            O += tl.dot(P, E, input_precision=PREC)
-            S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
+        E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
+        P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
+        O = tl.dot(Q, tl.trans(S), input_precision=PREC)
+        O += tl.dot(P, E, input_precision=PREC)
+        S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
         if NORMALIZE_OUTPUT:
             # z_t = z_run + Σ_{s ≤ t in the chunk} k_s, in float32 (ieee: a tf32 prefix sum
             # would round k to 10 bits).
