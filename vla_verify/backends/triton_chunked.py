@@ -180,10 +180,15 @@ def _forward(
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
     z_out = torch.empty(BH, dk, dtype=f32, device=dev)
     bvb = min(BV, 32)
+    # At dk = 128 the chunk loop's software pipeline (two stages of five [C, BK] float32 tiles)
+    # needs more shared memory than the H200's 227 KiB (OutOfResources, an H200 run of
+    # benchmarks/gpu/chunk_h200.py --compile-check): one stage there.
+    stages = 1 if BK > 64 else 2
     kernels.state_chain_kernel[(BH, BV // bvb)](
         q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
