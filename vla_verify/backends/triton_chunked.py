@@ -180,10 +180,10 @@ def _forward(
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
     z_out = torch.empty(BH, dk, dtype=f32, device=dev)
     bvb = min(BV, 32)
-    # At dk = 128 the chunk loop's software pipeline (two stages of five [C, BK] float32 tiles)
+    # At dk = 128 the chunk loop's software pipeline (stages of five [C, BK] float32 tiles each)
     # needs more shared memory than the H200's 227 KiB (OutOfResources, an H200 run of
     # benchmarks/gpu/chunk_h200.py --compile-check): one stage there.
-    stages = 1 if BK > 64 else 2
+    stages = 1 if BK > 64 else 3  # 3: Triton's default
     kernels.state_chain_kernel[(BH, BV // bvb)](
         q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
