@@ -92,7 +92,7 @@ def penalty_chain_kernel(
     BK: tl.constexpr,
     BKB: tl.constexpr,
     CP: tl.constexpr,
-    TP: tl.constexpr,
+    TP,  # the padded length: a runtime value, so a new T compiles nothing
     PD: tl.constexpr,
     NORMALIZE_GATE: tl.constexpr,
     BUG: tl.constexpr,
@@ -193,7 +193,7 @@ def state_prep_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     C: tl.constexpr,
-    TP: tl.constexpr,
+    TP,  # the padded length: a runtime value, so a new T compiles nothing
     PREC: tl.constexpr,
 ):
     c = tl.program_id(0)
@@ -253,7 +253,7 @@ def state_chain_kernel(
     BV: tl.constexpr,
     BVB: tl.constexpr,
     C: tl.constexpr,
-    TP: tl.constexpr,
+    TP,  # the padded length: a runtime value, so a new T compiles nothing
     PREC: tl.constexpr,
     NORMALIZE_OUTPUT: tl.constexpr,
     BUG: tl.constexpr,
