@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -105,6 +106,7 @@ def test_replay_of_a_certified_counterexample(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quick_profile_runs_every_claim(tmp_path):
+    pytest.importorskip("torch")  # the adversary engine of C4 and C5
     report = ledger.run_claims("quick", tmp_path, progress=False)
     ids = {r.id for r in report.results}
     expected = {"C1.float64", "C1.float32", "C1.bfloat16", "C1.float16", "C2", "C3.vla"}
@@ -116,3 +118,32 @@ def test_quick_profile_runs_every_claim(tmp_path):
             # Every counterexample reproduces; the longest C5 one leaves its interval check to
             # --replay in the quick profile.
             assert r.certified or (r.id.startswith("C5") and r.certified is None)
+
+
+def test_a_claim_whose_optional_package_is_missing_is_not_measured(tmp_path, monkeypatch):
+    """Without torch the adversary engine cannot run: C4 is NOT_MEASURED with the install hint,
+    and the other claims still run; any other import error propagates."""
+
+    def needs_torch(ctx):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    claims = ledger.all_claims()
+
+    def with_c4(run):
+        return lambda: [dataclasses.replace(c, run=run) if c.id == "C4" else c for c in claims]
+
+    monkeypatch.setattr(ledger, "all_claims", with_c4(needs_torch))
+    report = ledger.run_claims("quick", tmp_path, progress=False, only=["C4", "C8"], plots=False)
+    by_id = {r.id: r for r in report.results}
+    assert by_id["C4"].verdict is Verdict.NOT_MEASURED
+    assert "pip install 'vla-verify[torch]'" in by_id["C4"].evidence[0]
+    assert any(
+        r.id.startswith("C8") and r.verdict is not Verdict.NOT_MEASURED for r in report.results
+    )
+
+    def needs_something_else(ctx):
+        raise ModuleNotFoundError("No module named 'nonexistent'", name="nonexistent")
+
+    monkeypatch.setattr(ledger, "all_claims", with_c4(needs_something_else))
+    with pytest.raises(ModuleNotFoundError):
+        ledger.run_claims("quick", tmp_path, progress=False, only=["C4"], plots=False)

@@ -377,7 +377,13 @@ def run_claims(
     for i, claim in enumerate(claims):
         bar(i)
         t0 = time.perf_counter()
-        for r in claim.run(ctx):
+        try:
+            claim_results = claim.run(ctx)
+        except ModuleNotFoundError as exc:
+            if exc.name not in _OPTIONAL_PACKAGES:
+                raise
+            claim_results = [_not_measured_without(claim, exc.name)]
+        for r in claim_results:
             if r.seconds == 0.0:
                 r.seconds = time.perf_counter() - t0
             results.append(r)
@@ -388,6 +394,28 @@ def run_claims(
 
     report.files.update(reports.write_all(report, out, plots=plots))
     return report
+
+
+#: Optional packages (extras) that some claims need; without them those claims are not measured.
+_OPTIONAL_PACKAGES = {"torch": "torch", "triton": "triton", "matplotlib": "plots", "fla": "fla"}
+
+
+def _not_measured_without(claim: Claim, package: str) -> ClaimResult:
+    """The result of a claim whose computation needs an optional package that is absent (the
+    adversary engine of C4 and C5 differentiates through the recurrence with PyTorch)."""
+    extra = _OPTIONAL_PACKAGES[package]
+    return ClaimResult(
+        id=claim.id,
+        title=claim.title,
+        statement="",
+        formalisation="",
+        method="",
+        verdict=Verdict.NOT_MEASURED,
+        evidence=[
+            f"not measured: its computation needs the package {package}, which is not "
+            f"installed (pip install 'vla-verify[{extra}]')"
+        ],
+    )
 
 
 # -- command line --------------------------------------------------------------------------
