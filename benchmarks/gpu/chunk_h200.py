@@ -276,7 +276,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
             fns = _grid_fns(x, cfg, T, D)
             for op, fn in fns.items():
                 try:
-                    ms = time_ms(fn, smoke=smoke)
+                    ms = time_ms(fn, device=dev)
                 except Exception as exc:
                     _log("timing failed", op, D, T, repr(exc))
                     continue
@@ -299,7 +299,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         q, k, v, u = (x[n] for n in "qkvu")
         for pc, pd in ((32, "float32"), (16, "float64"), (64, "float64")):
             try:
-                ms = time_ms(_variant(x, cfg, pc, pd), smoke=smoke)
+                ms = time_ms(_variant(x, cfg, pc, pd), device=dev)
                 var.append({"D": D, "T": VT, "penalty_chunk": pc, "penalty_dtype": pd,
                             "median_ms": ms})  # fmt: skip
                 _log(var[-1])
@@ -338,7 +338,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         ("registry_triton_fused", lambda: reg(q, k, v, u, config=cfg)[0]),
         ("fused_direct_again", lambda: fused_recurrent_vla(q, k, v, u, config=cfg)[0]),
     ):
-        ov[name] = time_ms(fn, smoke=smoke)
+        ov[name] = time_ms(fn, device=dev)
         # Host time per call (what do_bench's GPU events can hide when the GPU is the bound).
         reps = 2 if smoke else 50
         if not smoke:
