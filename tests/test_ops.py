@@ -38,12 +38,20 @@ def _x(T: int, grad: bool = False) -> torch.Tensor:
 
 
 def test_short_sequences_and_decoding_run_the_recurrent_kernel(kernels) -> None:
-    for T in (1, 16, ops.FORWARD_CROSSOVER_T - 1):
+    last = 4096 if ops.FORWARD_CROSSOVER_T is None else ops.FORWARD_CROSSOVER_T - 1
+    for T in (1, 16, last):
         name, _ = ops.vla(_x(T), _x(T), _x(T), _x(T))
         assert name == "recurrent", T
 
 
-def test_long_prefill_runs_the_chunked_kernel(kernels) -> None:
+def test_without_a_measured_crossover_every_forward_is_recurrent(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", None)
+    for T in (1, 64, 70000):
+        assert ops.choose(T, training=False) == "recurrent"
+
+
+def test_long_prefill_runs_the_chunked_kernel(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)  # the rule, whatever the measurement
     T = ops.FORWARD_CROSSOVER_T
     name, kwargs = ops.vla(_x(T), _x(T), _x(T), _x(T), config=VLAConfig.exact(), start=40)
     assert name == "chunked"
@@ -51,6 +59,7 @@ def test_long_prefill_runs_the_chunked_kernel(kernels) -> None:
 
 
 def test_training_follows_the_training_crossover(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)
     T = ops.FORWARD_CROSSOVER_T
     name, _ = ops.vla(_x(T, grad=True), _x(T), _x(T), _x(T))
     assert name == ("recurrent" if ops.TRAINING_CROSSOVER_T is None else ops.choose(T, True))

@@ -4,7 +4,8 @@
   sequences and decoding, and for training (it has a Triton backward; the chunked kernel's
   backward recomputes through PyTorch, :mod:`vla_verify.backends.triton_chunked`).
 - The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
-  ``T >= FORWARD_CROSSOVER_T`` (long prefill).
+  ``T >= FORWARD_CROSSOVER_T`` (long prefill), when that crossover exists (``None``: the
+  measured chunked forward is slower at every length, so every call runs the recurrent kernel).
 
 Both compute spec §2.3 with every :class:`~vla_verify.spec.VLAConfig` field and ``start``
 honoured; the choice only changes speed and rounding.  torch and triton are imported on the
@@ -23,10 +24,13 @@ from .spec import VLAConfig
 
 __all__ = ["FORWARD_CROSSOVER_T", "TRAINING_CROSSOVER_T", "choose", "vla"]
 
-#: Sequence length from which the forward runs the chunked kernel.  Measured on the H200
-#: (B = 1, H = 16, bf16, paper preset, ``benchmarks/results/h200/chunk.json``): see
-#: ``docs/design/triton_chunked.md``.  Until that measurement lands this is a placeholder.
-FORWARD_CROSSOVER_T: int = 4096
+#: Sequence length from which the forward runs the chunked kernel; ``None``: never.  Measured on
+#: the H200 (B = 1, H = 16, bf16, paper preset, T = 1024–16384, ``benchmarks/results/h200/
+#: chunk.json``): the chunked forward takes 2.1–2.5× the recurrent kernel's time at every T and
+#: both scale as T¹·⁰, since its sequential float64 penalty chain holds 83–88% of its time
+#: (``docs/design/triton_chunked.md``, "Measured times").  The chunked kernel stays reachable
+#: with ``kernel="chunked"``.
+FORWARD_CROSSOVER_T: int | None = None
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel;
 #: ``None``: never, since its backward is not a Triton kernel yet.
 TRAINING_CROSSOVER_T: int | None = None
@@ -51,7 +55,9 @@ def choose(T: int, training: bool) -> str:
         if TRAINING_CROSSOVER_T is not None and T >= TRAINING_CROSSOVER_T:
             return "chunked"
         return "recurrent"
-    return "chunked" if T >= FORWARD_CROSSOVER_T else "recurrent"
+    if FORWARD_CROSSOVER_T is not None and T >= FORWARD_CROSSOVER_T:
+        return "chunked"
+    return "recurrent"
 
 
 def vla(

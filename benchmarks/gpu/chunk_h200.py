@@ -260,9 +260,8 @@ def _variant(x: dict[str, Any], cfg: Any, pc: int, pd: str) -> Any:
 def timing(out: dict[str, Any], quick: bool) -> None:
     import torch
 
-    from vla_verify import VLAConfig, backends, ops
+    from vla_verify import VLAConfig
     from vla_verify.backends.triton_chunked import chunked_vla
-    from vla_verify.backends.triton_fused import fused_recurrent_vla
     from vla_verify.bench import _inputs, time_ms
 
     cfg = VLAConfig()
@@ -326,6 +325,21 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         except Exception as exc:
             _log("breakdown failed", repr(exc))
 
+    overhead(out)
+
+
+def overhead(out: dict[str, Any]) -> None:
+    """The entry point's overhead at T = 1024, D = 64 (it dispatches to the recurrent kernel),
+    and the registry call's, beside the kernel called directly."""
+    import torch
+
+    from vla_verify import VLAConfig, backends, ops
+    from vla_verify.backends.triton_fused import fused_recurrent_vla
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16
     # The entry point's overhead at T = 1024, D = 64 (it dispatches to the recurrent kernel).
     OT = RUN["overhead_T"]
     x = _inputs(1, OT, H, RUN["grid_Ds"][0], dt, dev)
@@ -460,9 +474,9 @@ def compile_check(out: dict[str, Any]) -> None:
                         return  # the CUDA context is lost: later launches would fail too
 
 
-def oracle_check(out: dict[str, Any]) -> None:
+def oracle_check(out: dict[str, Any], penalty_chunk: int | None = None) -> None:
     """The bf16 kernel against the float64 oracle at T = 4096, D = 64 and 128, two heads
-    (spec §4 budget from the bf16 oracle)."""
+    (spec §4 budget from the bf16 oracle), at ``penalty_chunk`` (default: the kernel's)."""
     import numpy as np
     import torch
 
@@ -476,17 +490,18 @@ def oracle_check(out: dict[str, Any]) -> None:
     for D in (64, 128):
         x = _inputs(1, 4096, 2, D, torch.bfloat16, "cuda", seed=D)
         args = [x[n] for n in "qkvu"]
-        o, _ = chunked_vla(*args, config=cfg)
+        o, _ = chunked_vla(*args, config=cfg, penalty_chunk=penalty_chunk)
         seen = [a.double().cpu().numpy() for a in args]
         ref = recurrence(*seen, config=cfg)
         base = recurrence(*seen, config=cfg, dtype="bfloat16")
         c = compare("o", o.double().cpu().numpy(), ref.o, base.o, "bfloat16", terms=D + 64)
-        out["correctness"][f"bf16_T4096_D{D}_H2_o"] = {
+        name = f"bf16_T4096_D{D}_H2_o" + ("" if penalty_chunk is None else f"_P{penalty_chunk}")
+        out["correctness"][name] = {
             "ratio": c.ratio,
             "max_err": float(np.max(c.error)),
             "passed": c.passed,
         }
-        _log("check", D, out["correctness"][f"bf16_T4096_D{D}_H2_o"])
+        _log("check", D, out["correctness"][name])
         RUN["path"].write_text(json.dumps(out, indent=1))
 
 
@@ -567,6 +582,13 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
     ap.add_argument("--minimal", action="store_true", help="a short run (function minimal)")
     ap.add_argument(
+        "--penalty-chunk-check",
+        type=int,
+        default=None,
+        metavar="P",
+        help="only the oracle check at penalty_chunk P, then the call overheads",
+    )
+    ap.add_argument(
         "--short",
         action="store_true",
         help="the oracle check at T = 4096, then the grid at T <= 16384 (no validate)",
@@ -592,6 +614,15 @@ def main() -> None:
             out["error"] = traceback.format_exc()
             _log(out["error"])
         path.write_text(json.dumps(out, indent=1))
+    if a.penalty_chunk_check is not None:
+        try:
+            oracle_check(out, a.penalty_chunk_check)
+            overhead(out)
+        except Exception:
+            out["error"] = traceback.format_exc()
+            _log(out["error"])
+        path.write_text(json.dumps(out, indent=1))
+        return
     if a.short:
         try:
             oracle_check(out)

@@ -146,8 +146,15 @@ class Backend(ABC):
             raise ConfigError(option, f"backend {self.name!r}: expected {want}, got {value!r}")
 
     def checks_finite_outputs(self, device: str) -> bool:
-        """Whether :meth:`__call__` checks the outputs for NaN/Inf on ``device``."""
-        return self.finite_output_check
+        """Whether :meth:`__call__` checks the outputs for NaN/Inf on ``device``: always on the
+        CPU; on a GPU when the backend checks its inputs too (:meth:`_checks_finite`; a GPU
+        kernel's ``check_finite`` option), since reading the outputs back is a device sync per
+        call, which serialises the host with the kernel (on the H200 it nearly doubled the
+        registry call of ``triton_fused`` at T = 1024, ``benchmarks/results/h200/chunk.json``,
+        ``ops_overhead``)."""
+        if not self.finite_output_check:
+            return False
+        return device == "cpu" or self._checks_finite()
 
     # -- description ---------------------------------------------------------------------------
     def availability(self) -> str | None:

@@ -359,7 +359,9 @@ class TritonChunkedBackend(Backend):
     """Registry name ``triton_chunked``: :func:`chunked_vla` as a spec §4 callable.
 
     Options ``chunk_size`` (16, 32, 64; default 64), ``input_precision``, ``penalty_dtype``,
-    ``penalty_chunk`` (see :func:`chunked_vla`).  Returns ``(o, (S, A, z))`` in the inputs'
+    ``penalty_chunk`` (see :func:`chunked_vla`), ``check_finite`` (default off on a GPU: the
+    NaN/Inf checks of inputs and outputs read them back, a device sync per call; on the CPU
+    the outputs are always checked).  Returns ``(o, (S, A, z))`` in the inputs'
     dtype; any nudge period and any ``start``.
     """
 
@@ -378,6 +380,7 @@ class TritonChunkedBackend(Backend):
             "input_precision": "ieee",
             "penalty_dtype": "float64",
             "penalty_chunk": None,
+            "check_finite": False,
         },
     )
 
@@ -392,6 +395,9 @@ class TritonChunkedBackend(Backend):
 
     def availability(self) -> str | None:
         return availability_reason()
+
+    def _checks_finite(self) -> bool:
+        return bool(self.options["check_finite"])
 
     def check_support(
         self,
