@@ -44,6 +44,7 @@ from .registry import Backend, Capabilities
 
 __all__ = [
     "CHUNK_SIZES",
+    "DEFAULT_PENALTY_CHUNK",
     "INPUT_PRECISIONS",
     "MAX_HEAD_DIM",
     "PENALTY_DTYPES",
@@ -58,6 +59,12 @@ __all__ = [
 _NAME = "triton_chunked"
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
+#: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
+#: T = 4096; ``benchmarks/results/h200/chunk.json``, "variants"): 5.1 ms at 16 against 7.2 ms
+#: at 32 and 12.7 ms at 64 for D = 64 (9.5 / 11.5 / 40.5 ms at D = 128).  Its LDLᵀ and
+#: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
+#: latency per token grows with P; the matrix products per token do not depend on it.
+DEFAULT_PENALTY_CHUNK = 16
 #: Largest dk and dv.
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
@@ -288,7 +295,8 @@ def chunked_vla(
     input_precision : float32 state-chain products, ``"ieee"`` or ``"tf32"`` (module
         docstring, "Precision"); ignored for 16-bit inputs.
     penalty_dtype : ``"float64"`` (default) or ``"float32"``, the penalty chain's precision.
-    penalty_chunk : tokens per penalty-chain chunk, 16, 32 or 64 (default 32), independent of
+    penalty_chunk : tokens per penalty-chain chunk, 16, 32 or 64 (default
+        :data:`DEFAULT_PENALTY_CHUNK`), independent of
         ``chunk_size``: the gates are per token, so the two chains may cut the sequence
         differently (``docs/design/triton_chunked.md``, "The penalty chain").
     planted_bug : a name of :data:`PLANTED_BUGS` (meta-tests only).
@@ -329,7 +337,7 @@ def chunked_vla(
             argument="penalty_dtype",
         )  # fmt: skip
     if penalty_chunk is None:
-        penalty_chunk = 32
+        penalty_chunk = DEFAULT_PENALTY_CHUNK
     if penalty_chunk not in CHUNK_SIZES:
         raise UnsupportedConfigurationError(
             _NAME, f"penalty_chunk must be one of {CHUNK_SIZES}, got {penalty_chunk!r}",
