@@ -335,6 +335,9 @@ def test_cli_check_runs_an_adapter(fla: Any, capsys: pytest.CaptureFixture[str])
             "--variant", "delta", "--array", "torch", "--dtype", "float32",
             "--device", DEVICE, "--set", "normalize_output=false", "--exact",
             "--max-examples", "6", "--seed", "0", "--quiet",
+            # The CLI path is under test, not the checker's reach: small shapes, since the
+            # interpreted kernel takes minutes at the default sizes.
+            *(() if CUDA else ("--max-dk", "16", "--max-T", "80")),
         ]
     )  # fmt: skip
     out = capsys.readouterr().out

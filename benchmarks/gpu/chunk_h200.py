@@ -607,54 +607,42 @@ def main() -> None:
     path = Path(a.out) / "chunk.json"
     RUN["path"] = path
     t0 = time.time()
-    if a.compile_check:
-        try:
-            compile_check(out)
-        except Exception:
-            out["error"] = traceback.format_exc()
-            _log(out["error"])
-        path.write_text(json.dumps(out, indent=1))
-    if a.penalty_chunk_check is not None:
-        try:
-            oracle_check(out, a.penalty_chunk_check)
-            overhead(out)
-        except Exception:
-            out["error"] = traceback.format_exc()
-            _log(out["error"])
-        path.write_text(json.dumps(out, indent=1))
-        return
-    if a.short:
-        try:
-            oracle_check(out)
-            timing(out, quick=True)
-            analyse(out, path)
-        except Exception:
-            out["error"] = traceback.format_exc()
-            _log(out["error"])
-        out["seconds"] = round(time.time() - t0, 1)
-        path.write_text(json.dumps(out, indent=1))
-        return
-    if a.minimal:
-        try:
-            minimal(out)
-        except Exception:
-            out["error"] = traceback.format_exc()
-            _log(out["error"])
-        out["seconds"] = round(time.time() - t0, 1)
-        path.write_text(json.dumps(out, indent=1))
-        return
-    try:
+
+    def full() -> None:
         if not a.skip_correctness:
             correctness(out, a.quick)
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
         timing(out, a.quick)
         analyse(out, path)
-    except Exception:
-        out["error"] = traceback.format_exc()
-        _log(out["error"])
-    out["seconds"] = round(time.time() - t0, 1)
-    path.write_text(json.dumps(out, indent=1))
+
+    def short() -> None:
+        oracle_check(out)
+        timing(out, quick=True)
+        analyse(out, path)
+
+    def penalty_chunk_check() -> None:
+        oracle_check(out, a.penalty_chunk_check)
+        overhead(out)
+
+    steps = [lambda: compile_check(out)] if a.compile_check else []
+    if a.penalty_chunk_check is not None:
+        steps.append(penalty_chunk_check)
+    elif a.short:
+        steps.append(short)
+    elif a.minimal:
+        steps.append(lambda: minimal(out))
+    elif not a.compile_check:
+        steps.append(full)
+    for step in steps:
+        # Each step keeps what it measured if a later one fails: the traceback goes to the JSON.
+        try:
+            step()
+        except Exception:
+            out["error"] = traceback.format_exc()
+            _log(out["error"])
+        out["seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
