@@ -56,6 +56,7 @@ from .spec import check_config, check_inputs, check_start, check_variant
 
 __all__ = [
     "DEFAULT_TARGET_RTOL",
+    "ESTIMATE_SAFETY",
     "MAX_ESCALATION_WORK",
     "Diagnostics",
     "OracleResult",
@@ -90,6 +91,8 @@ _MAX_DIGITS = 1600
 #: measures (tests/meta/test_oracle_accuracy_estimate.py): float64 is accepted only where
 #: ``_SAFETY · estimate <= target_rtol``.
 _SAFETY = 20.0
+#: The same factor, for callers that act on ``recurrence(..., diagnose=True)`` themselves.
+ESTIMATE_SAFETY = _SAFETY
 
 
 class ReferenceResult(NamedTuple):
