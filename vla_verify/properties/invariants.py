@@ -800,12 +800,20 @@ def jacobian_norm_formula(
 
 
 def state_norms(
-    case: Case, config: VLAConfig, *, variant: str = "vla", backend: BackendLike = "numpy"
+    case: Case,
+    config: VLAConfig,
+    *,
+    variant: str = "vla",
+    backend: BackendLike = "numpy",
+    history: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Claim C5 (spec §3, Proposition 1): ``||S_t||_F`` for every t, ``[B, T, H]`` float64,
-    from ``backend`` running ``variant`` (``linear`` is the O(T) baseline)."""
-    S = backend_history(case, config, backend=backend, variant=variant)["S"]
-    return np.linalg.norm(S, axis=(-2, -1))
+    from ``backend`` running ``variant`` (``linear`` is the O(T) baseline), or from ``history``
+    (``S [B,T,H,dv,dk]``) when given: the claims ledger's trusted history
+    (:func:`vla_verify.proofs.claims.trusted_history`)."""
+    if history is None:
+        history = backend_history(case, config, backend=backend, variant=variant)
+    return np.linalg.norm(history["S"], axis=(-2, -1))
 
 
 # -- agreement and carry -----------------------------------------------------------------------
