@@ -110,3 +110,25 @@ def test_beyond_reach_where_the_float64_history_loses_its_magnitude() -> None:
         _reference_with_scales(_strongly_penalised(1e8), None, EXACT, "vla")
     assert evaluate_case(backends.get("mpmath", dps=80), _case(1e8), config=EXACT) is None
     assert evaluate_case(_off_in_o(1e-6), _case(1e8), config=EXACT) is None
+
+
+def test_compare_takes_the_measured_float64_error_where_it_exceeds_the_model() -> None:
+    """``compare(..., measured=)``: the float64 baseline is the larger of the float32-based
+    model and the measured float64 error; a non-finite measurement adds nothing (it must not
+    make the budget infinite); other precisions ignore it."""
+    from vla_verify.error_model import compare
+
+    ref = np.ones((1, 4, 1, 2))
+    base32 = ref + 1e-7  # model: 1e-7 · u64/u32 ≈ 1.9e-16
+    measured = ref + 1e-9
+    got = ref + 2e-9
+    plain = compare("o", got, ref, [base32], "float64")
+    assert not plain.passed  # 2e-9 is far beyond the model's budget
+    judged = compare("o", got, ref, [base32], "float64", measured=measured)
+    assert judged.passed and np.allclose(judged.baseline, 1e-9)
+    worse = compare("o", ref + 4e-9, ref, [base32], "float64", measured=measured)
+    assert not worse.passed  # 4e-9 > 3 × 1e-9 + floor
+    nan = compare("o", got, ref, [base32], "float64", measured=ref * np.nan)
+    assert not nan.passed and np.all(np.isfinite(nan.budget))
+    f32 = compare("o", got, ref, [ref + 1e-9], "float32", measured=ref + 1.0)
+    assert np.allclose(f32.baseline, 1e-9)

@@ -146,8 +146,9 @@ def compare(
     if dtype == "float64":
         base = base * (unit_roundoff("float64") / unit_roundoff("float32"))
         if measured is not None:
+            # A non-finite float64 run measures nothing (and must not make the budget infinite).
             own = np.abs(measured - ref)
-            base = np.maximum(base, np.max(np.where(np.isnan(own), np.inf, own), axis=axes))
+            base = np.maximum(base, np.max(np.where(np.isfinite(own), own, 0.0), axis=axes))
     budget = multiplier * base + floor
     flat = int(np.argmax(diff))
     worst = tuple(int(i) for i in np.unravel_index(flat, diff.shape))

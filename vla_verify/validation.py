@@ -13,10 +13,11 @@ not keep it).  Each example:
 2. converts them to the requested array library, dtype and device, and reads back the exact values
    ``fn`` sees, so the reference is computed from the same rounded inputs; ``fn`` gets fresh
    copies on every call, and a change to them is reported as in-place modification;
-3. runs the float64 oracle (the reference, through :func:`_reference`, the one place where the
-   oracle is called) and the oracle in ``fn``'s precision (the baseline of
-   :mod:`vla_verify.error_model`, several runs that round differently:
-   :func:`same_precision_runs`);
+3. runs the reference (:func:`_reference_with_scales` and :func:`_reference`, the only places
+   where the oracle is called: the float64 oracle where its own accuracy estimate vouches for
+   it, else the escalated mpmath reference, else the example is beyond the reference's reach)
+   and the oracle in ``fn``'s precision (the baseline of :mod:`vla_verify.error_model`, several
+   runs that round differently: :func:`same_precision_runs`);
 4. checks what ``fn`` returned (array type, dtype, device, shape), then compares ``o`` and every
    returned state entry slice by slice against the budget; and, when ``fn`` returns a state,
    checks *state carry*: the sequence cut in two, the second half started from the state ``fn``
@@ -65,7 +66,7 @@ from .errors import (
     UnsupportedConfigurationError,
     VLAInputError,
 )
-from .oracle import DEFAULT_TARGET_RTOL
+from .oracle import DEFAULT_TARGET_RTOL, ESTIMATE_SAFETY
 from .oracle import reference as oracle_reference
 from .properties.strategies import (
     Case,
@@ -81,7 +82,7 @@ from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
 #: at most ``REFERENCE_RTOL`` (the factor by which the estimate may fall short of the true error,
 #: measured by tests/meta/test_oracle_accuracy_estimate.py); elsewhere it escalates to mpmath.
 REFERENCE_RTOL = DEFAULT_TARGET_RTOL
-REFERENCE_SAFETY = 20.0
+REFERENCE_SAFETY = ESTIMATE_SAFETY
 #: Where ``REFERENCE_SAFETY`` times the float64 estimate passes ``REFERENCE_RTOL`` the values
 #: judged come from the escalated reference, while the floor's scales still come from the
 #: float64 history: up to ``SCALE_TRUST`` (every magnitude within a factor of two), past which
