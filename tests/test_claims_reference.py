@@ -80,3 +80,23 @@ def test_the_history_escalates_prefix_by_prefix() -> None:
         assert _rel(history["A"][:, t - 1], A_mp) <= 1e-10
         assert _rel(history["o"][:, t - 1], o_mp[:, t - 1]) <= 1e-10
     assert _rel(raw.A[:, 5], history["A"][:, 5]) > 1e-2  # float64's A_T is far off
+
+
+def test_c7_redoes_a_batch_pass_by_pass_and_leaves_out_what_is_beyond_reach() -> None:
+    """C7's passes: a batch the reference cannot vouch for (one strongly penalised pass, too
+    large to escalate: T·dk·(dk + dv) = 204 800 > 200 000) is redone pass by pass; the
+    ordinary passes keep float64, the penalised one is left out and counted."""
+    from vla_verify.proofs.claims.c7_capacity import _trusted_states
+
+    rng = np.random.default_rng(0)
+    T, dk = 400, 16
+    k = np.exp(rng.standard_normal((3, T, 1, dk)))
+    v = rng.standard_normal((3, T, 1, dk))
+    u = rng.standard_normal((3, T, 1, dk)) / dk
+    u[0] *= 1e9
+    tally = ReferenceTally()
+    S, kept = _trusted_states(k, v, u, VLAConfig(), "vla", tally)
+    assert kept.tolist() == [False, True, True]
+    assert (tally.float64, tally.escalated, tally.beyond) == (2, 0, 1)
+    plain = oracle.recurrence(k[1:], k[1:], v[1:], u[1:], config=VLAConfig()).state[0][:, 0]
+    np.testing.assert_allclose(S[1:], plain, rtol=1e-12, atol=0)

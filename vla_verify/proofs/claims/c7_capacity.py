@@ -67,14 +67,22 @@ def _keys(rng: np.random.Generator, regime: str, trials: int, n: int, dk: int) -
 
 
 def _trusted_states(
-    k: np.ndarray, v: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str, tally: Any
+    k: np.ndarray,
+    v: np.ndarray,
+    u: np.ndarray,
+    config: VLAConfig,
+    variant: str,
+    tally: ReferenceTally,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``S`` after each pass ``[passes, dv, dk]`` and which passes the reference vouches for:
     the whole batch at once, or pass by pass where the batch is not vouched for."""
+    batch = ReferenceTally()  # counted only if it vouches: else its passes are counted one by one
     run = trusted_recurrence(
-        k, k, v, u, config=config, variant=variant, rtol=STATE_RTOL, tally=tally
+        k, k, v, u, config=config, variant=variant, rtol=STATE_RTOL, tally=batch
     )
     if run is not None:
+        tally.float64 += batch.float64
+        tally.escalated += batch.escalated
         return run[1][0][:, 0], np.ones(k.shape[0], dtype=bool)
     S = np.zeros((k.shape[0], v.shape[-1], k.shape[-1]))
     kept = np.zeros(k.shape[0], dtype=bool)
