@@ -270,10 +270,13 @@ def _reference(
     kwargs: dict[str, Any] = dict(
         config=config, variant=variant, initial_state=initial_state, start=start
     )
-    if dtype not in (None, "float64"):
-        # A same-precision run: its rounding is the point, not an error of the reference.
-        return recurrence(*inputs, dtype=dtype, **kwargs)
-    result = recurrence(*inputs, diagnose=True, **kwargs)
+    try:
+        if dtype not in (None, "float64"):
+            # A same-precision run: its rounding is the point, not an error of the reference.
+            return recurrence(*inputs, dtype=dtype, **kwargs)
+        result = recurrence(*inputs, diagnose=True, **kwargs)
+    except IllConditionedError as exc:
+        raise _BeyondReach(str(exc)) from exc
     diag = result.diagnostics
     if diag is None or REFERENCE_SAFETY * diag.estimate <= REFERENCE_RTOL:
         return result
@@ -381,15 +384,18 @@ def _reference_with_scales(
     diagnostics = None
     for lo in range(0, T, segment):
         part = [x[:, lo : lo + segment] for x in inputs]
-        run = recurrence(
-            *part,
-            config=config,
-            variant=variant,
-            initial_state=state,
-            start=start + lo,
-            return_states=True,
-            diagnose=whole,
-        )
+        try:
+            run = recurrence(
+                *part,
+                config=config,
+                variant=variant,
+                initial_state=state,
+                start=start + lo,
+                return_states=True,
+                diagnose=whole,
+            )
+        except IllConditionedError as exc:  # an oracle that refuses: beyond reach, as always
+            raise _BeyondReach(str(exc)) from exc
         diagnostics = run.diagnostics
         history = run.history
         assert history is not None
@@ -418,7 +424,10 @@ def _reference_with_scales(
         config=config, variant=variant, initial_state=initial, start=start
     )
     if not whole:
-        diagnostics = recurrence(*inputs, diagnose=True, **kwargs).diagnostics
+        try:
+            diagnostics = recurrence(*inputs, diagnose=True, **kwargs).diagnostics
+        except IllConditionedError as exc:
+            raise _BeyondReach(str(exc)) from exc
     assert diagnostics is not None
     estimate = REFERENCE_SAFETY * diagnostics.estimate
     if estimate <= REFERENCE_RTOL:
