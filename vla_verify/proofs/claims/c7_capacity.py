@@ -74,8 +74,8 @@ def _trusted_states(
     variant: str,
     tally: ReferenceTally,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``S`` after each pass ``[passes, dv, dk]`` and which passes the reference vouches for:
-    the whole batch at once, or pass by pass where the batch is not vouched for."""
+    """``S`` after each pass (trial) ``[passes, dv, dk]`` and which passes the reference vouches
+    for: the whole batch at once, or pass by pass where the batch is not vouched for."""
     batch = ReferenceTally()  # counted only if it vouches: else its passes are counted one by one
     run = trusted_recurrence(
         k, k, v, u, config=config, variant=variant, rtol=STATE_RTOL, tally=batch
@@ -115,25 +115,12 @@ def recall_curves(
         config = VLAConfig.exact() if variant == "rls" else VLAConfig()
         recall: dict[str, list[float]] = {c: [] for c in CRITERIA}
         error = []
-        drawn = []
         for n in range(1, 2 * dk + 1):
             k = _keys(rng, keys, trials, n, dk)
             v = unit(rng.standard_normal((trials, n, 1, dk)))
             W_u = rng.standard_normal((dk, dk)) / np.sqrt(dk)
-            drawn.append((k, v, unit(k @ W_u.T) / np.sqrt(dk)))
-        # Every n in one pass: each pass padded to 2·dk tokens with no-op tokens (k = v = u = 0:
-        # k̂ = 0 and α̂ = 0 leave S as it is, spec §2.3 with normalize(0) = 0), stacked along
-        # the batch, so the reference (and its accuracy tracker) runs once per variant.
-        padded = [
-            np.concatenate(
-                [np.pad(x, ((0, 0), (0, 2 * dk - x.shape[1]), (0, 0), (0, 0))) for x in xs]
-            )
-            for xs in zip(*drawn, strict=True)
-        ]
-        S_all, kept_all = _trusted_states(*padded, config, variant, tally)
-        for n, (k, v, _) in enumerate(drawn, 1):
-            rows = slice((n - 1) * trials, n * trials)
-            S, kept = S_all[rows], kept_all[rows]
+            u = unit(k @ W_u.T) / np.sqrt(dk)
+            S, kept = _trusted_states(k, v, u, config, variant, tally)
             S, k, v = S[kept], k[kept], v[kept]
             if not len(S):  # every trial beyond the reference's reach: no recall to count
                 for c in CRITERIA:
