@@ -499,9 +499,9 @@ def _strongly_penalised_case(scale: float) -> tuple[np.ndarray, ...]:
 
 def test_validate_never_judges_against_a_wrong_reference() -> None:
     """Where the float64 oracle cannot vouch for itself, ``validate``'s reference is the
-    escalated mpmath result (checked against 500 digits), or the example is beyond reach: the
-    history request of the budget's scales included, where the float64 history has lost its
-    order of magnitude (tests/test_validate_escalated_reference.py judges the cases in between)."""
+    escalated mpmath result (checked against 500 digits), the request with the budget's scales
+    included (tests/test_validate_escalated_reference.py judges kernels against it), or the
+    example is beyond reach."""
     from vla_verify import oracle
     from vla_verify.validation import _BeyondReach, _reference, _reference_with_scales
 
@@ -513,8 +513,11 @@ def test_validate_never_judges_against_a_wrong_reference() -> None:
     assert np.max(np.abs(raw.o - o_mp)) / scale > 1e-2  # the raw float64 is wrong here
     got = _reference(inputs, None, config=config, variant="vla")
     assert np.max(np.abs(got.o - o_mp)) / scale <= 1e-10
-    with pytest.raises(_BeyondReach, match="order of magnitude"):
-        _reference_with_scales(inputs, None, config, "vla")
+    with_scales, _, measured = _reference_with_scales(inputs, None, config, "vla")
+    assert measured is not None and np.max(np.abs(with_scales.o - o_mp)) / scale <= 1e-10
+    too_large = [np.repeat(x, 3000, axis=0) for x in inputs]
+    with pytest.raises(_BeyondReach):
+        _reference_with_scales(too_large, None, config, "vla")
 
 
 def test_ordinary_inputs_keep_the_float64_reference() -> None:

@@ -68,6 +68,7 @@ from .errors import (
 )
 from .oracle import DEFAULT_TARGET_RTOL, ESTIMATE_SAFETY
 from .oracle import reference as oracle_reference
+from .oracle import reference_history as oracle_reference_history
 from .properties.strategies import (
     Case,
     ConformanceSizes,
@@ -86,7 +87,7 @@ REFERENCE_SAFETY = ESTIMATE_SAFETY
 #: Where ``REFERENCE_SAFETY`` times the float64 estimate passes ``REFERENCE_RTOL`` the values
 #: judged come from the escalated reference, while the floor's scales still come from the
 #: float64 history: up to ``SCALE_TRUST`` (every magnitude within a factor of two), past which
-#: the example is beyond the reference's reach (see :func:`_reference_with_scales`).
+#: they come from the escalated reference's history (see :func:`_reference_with_scales`).
 SCALE_TRUST = 0.5
 
 __all__ = [
@@ -362,11 +363,14 @@ def _reference_with_scales(
     and :func:`~vla_verify.error_model.compare` never lets the floor's magnitude fall below that
     of the judged reference itself).  The float64 history is trusted to that order of magnitude
     where ``REFERENCE_SAFETY · estimate <= SCALE_TRUST`` (= 1/2: every magnitude within a factor
-    of two of the exact one, the estimate being first order like every scale it feeds); past it
+    of two of the exact one, the estimate being first order like every scale it feeds).  Past it
     the float64 chain has lost its leading digits (on the strongly penalised six-token case,
-    ``||u||`` ~ 1e8, its largest ``|A_t|`` is 563 where the exact one is 9.75) and the example
-    is beyond the reference's reach (:class:`_BeyondReach`), as it is where the escalated
-    reference cannot vouch for its result.
+    ``||u||`` ~ 1e8, its largest ``|A_t|`` is 563 where the exact one is 9.75), and the scales
+    come from the escalated reference's own history
+    (:func:`vla_verify.oracle.reference_history`: the reference of every prefix, affordable
+    while the prefixes' total work is within its ``max_work``).  The example is beyond the
+    reference's reach (:class:`_BeyondReach`) only where the escalated reference cannot vouch
+    for its result (or its history).
     """
     q = inputs[0]
     B, T, H, dk = q.shape
@@ -399,14 +403,7 @@ def _reference_with_scales(
         diagnostics = run.diagnostics
         history = run.history
         assert history is not None
-        scales["S"] = np.maximum(scales["S"], np.max(np.abs(history.S), axis=(1, 3, 4)))
-        scales["A"] = np.maximum(scales["A"], np.max(np.abs(history.A), axis=(1, 3, 4)))
-        scales["z"] = np.maximum(scales["z"], np.max(np.abs(history.z), axis=(1, 3)))
-        terms = (np.abs(history.S) @ np.abs(part[0])[..., None])[..., 0]  # [B, t, H, dv]
-        if config.normalize_output:
-            den = np.maximum(np.sum(history.z * part[0], axis=-1), config.out_eps)
-            terms = terms / den[..., None]
-        scales["o"] = np.maximum(scales["o"], np.max(terms, axis=(1, 3)))
+        _add_scales(scales, history.S, history.A, history.z, part[0], config)
         outputs.append(run.o)
         state = run.state
         if not _finite(state) and lo + segment < T:
@@ -414,11 +411,7 @@ def _reference_with_scales(
             # (the estimate below is then infinite: escalated or beyond reach).
             outputs.append(np.full((B, T - lo - segment, H, dv), np.nan))
             break
-    if initial is not None:
-        for name, x, axes in zip("SAz", initial, ((2, 3), (2, 3), (2,)), strict=True):
-            scales[name] = np.maximum(scales[name], np.max(np.abs(x), axis=axes))
-    else:  # the default start: S_0 = 0, z_0 = 0, A_0 = I/lambda0 (the first downdate cancels it)
-        scales["A"] = np.maximum(scales["A"], 1.0 / config.lambda0)
+    _add_initial_scales(scales, initial, config)
     assert state is not None
     kwargs: dict[str, Any] = dict(
         config=config, variant=variant, initial_state=initial, start=start
@@ -433,17 +426,55 @@ def _reference_with_scales(
     if estimate <= REFERENCE_RTOL:
         float64 = OracleResult(np.concatenate(outputs, axis=1), state, None)
         return float64.with_diagnostics(diagnostics), scales, None
-    if not estimate <= SCALE_TRUST:
-        where = diagnostics.worst + (
-            "" if diagnostics.step is None else f" at step {diagnostics.step}"
-        )
-        raise _BeyondReach(
-            f"the float64 reference's error estimate {diagnostics.estimate:.3g} ({where}) leaves "
-            "its history without its order of magnitude, and the budget's floor scales come "
-            "from that history"
-        )
     float64 = OracleResult(np.concatenate(outputs, axis=1), state, None)
-    return _escalated(inputs, kwargs), scales, float64
+    if estimate <= SCALE_TRUST:
+        return _escalated(inputs, kwargs), scales, float64
+    # The float64 history has lost its order of magnitude: the escalated reference's history
+    # gives the scales, and its last step the values judged.
+    try:
+        exact = oracle_reference_history(*inputs, target_rtol=REFERENCE_RTOL, **kwargs)
+    except IllConditionedError as exc:
+        raise _BeyondReach(
+            f"the float64 history has lost its order of magnitude (error estimate "
+            f"{diagnostics.estimate:.3g}), and the escalated reference's cannot replace it: {exc}"
+        ) from exc
+    scales = {name: np.zeros((B, H)) for name in "SAzo"}
+    _add_scales(scales, exact.S, exact.A, exact.z, inputs[0], config)
+    _add_initial_scales(scales, initial, config)
+    ref = OracleResult(exact.o, (exact.S[:, -1], exact.A[:, -1], exact.z[:, -1]), None)
+    return ref, scales, float64
+
+
+def _add_scales(
+    scales: dict[str, np.ndarray],
+    S: np.ndarray,
+    A: np.ndarray,
+    z: np.ndarray,
+    q: np.ndarray,
+    config: VLAConfig,
+) -> None:
+    """Raise ``scales`` (``[B, H]`` each) to the magnitudes of one stretch of history:
+    ``S [B,t,H,dv,dk]``, ``A [B,t,H,dk,dk]``, ``z [B,t,H,dk]`` and its queries ``q [B,t,H,dk]``
+    (see :func:`_reference_with_scales`)."""
+    scales["S"] = np.maximum(scales["S"], np.max(np.abs(S), axis=(1, 3, 4)))
+    scales["A"] = np.maximum(scales["A"], np.max(np.abs(A), axis=(1, 3, 4)))
+    scales["z"] = np.maximum(scales["z"], np.max(np.abs(z), axis=(1, 3)))
+    terms = (np.abs(S) @ np.abs(q)[..., None])[..., 0]  # [B, t, H, dv]
+    if config.normalize_output:
+        den = np.maximum(np.sum(z * q, axis=-1), config.out_eps)
+        terms = terms / den[..., None]
+    scales["o"] = np.maximum(scales["o"], np.max(terms, axis=(1, 3)))
+
+
+def _add_initial_scales(
+    scales: dict[str, np.ndarray], initial: tuple[np.ndarray, ...] | None, config: VLAConfig
+) -> None:
+    """Raise ``scales`` to the magnitudes of the initial state (given, or the default)."""
+    if initial is not None:
+        for name, x, axes in zip("SAz", initial, ((2, 3), (2, 3), (2,)), strict=True):
+            scales[name] = np.maximum(scales[name], np.max(np.abs(x), axis=axes))
+    else:  # the default start: S_0 = 0, z_0 = 0, A_0 = I/lambda0 (the first downdate cancels it)
+        scales["A"] = np.maximum(scales["A"], 1.0 / config.lambda0)
 
 
 # -- what fn returned ---------------------------------------------------------------------------

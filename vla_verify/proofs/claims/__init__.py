@@ -32,7 +32,7 @@ from hypothesis.errors import NoSuchExample, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
 from ...errors import IllConditionedError
-from ...oracle import ESTIMATE_SAFETY, recurrence, reference
+from ...oracle import reference, reference_history
 from ...properties.strategies import Case
 from ...spec import VLAConfig
 from ..ledger import Claim, Context
@@ -152,6 +152,13 @@ class ReferenceTally:
         )
 
 
+def _count(tally: ReferenceTally, method: str) -> None:
+    if method == "float64":
+        tally.float64 += 1
+    else:
+        tally.escalated += 1
+
+
 def trusted_recurrence(
     q: np.ndarray,
     k: np.ndarray,
@@ -165,26 +172,29 @@ def trusted_recurrence(
     initial_state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
     """``(o, (S, A, z))`` of spec §2.3 (float64 arrays, the layouts of spec §1) accurate to
-    ``rtol`` (relative, per (b, h) slice), or None where the reference cannot vouch for it.
+    ``rtol`` (relative, per (b, h) slice; at most 1/2), or None where the reference cannot
+    vouch for it.
 
-    The float64 run is kept where ``ESTIMATE_SAFETY`` times its own estimate is at most
-    ``rtol``; else :func:`vla_verify.oracle.reference` escalates to mpmath at ``target_rtol =
-    rtol``; where that raises :class:`~vla_verify.errors.IllConditionedError` the run counts as
-    beyond reach.  ``tally`` records which.
+    :func:`vla_verify.oracle.reference` at ``target_rtol = rtol``: the float64 run where
+    ``ESTIMATE_SAFETY`` times its own estimate is at most ``rtol``, else mpmath; where it raises
+    :class:`~vla_verify.errors.IllConditionedError` the run counts as beyond reach.  ``tally``
+    records which.
     """
-    rtol = min(float(rtol), 0.5)
-    kwargs: dict[str, Any] = dict(config=config, variant=variant, initial_state=initial_state)
-    run = recurrence(q, k, v, u, diagnose=True, **kwargs)
-    assert run.diagnostics is not None
-    if ESTIMATE_SAFETY * run.diagnostics.estimate <= rtol:
-        tally.float64 += 1
-        return run.o, run.state
     try:
-        ref = reference(q, k, v, u, target_rtol=rtol, **kwargs)
+        ref = reference(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=variant,
+            initial_state=initial_state,
+            target_rtol=min(float(rtol), 0.5),
+        )
     except IllConditionedError:
         tally.beyond += 1
         return None
-    tally.escalated += 1
+    _count(tally, ref.method)
     return ref.o, ref.state
 
 
@@ -198,52 +208,26 @@ def trusted_history(
 ) -> dict[str, np.ndarray] | None:
     """Every intermediate state of spec §2.3 on ``case`` (its initial state included):
     ``S [B,T,H,dv,dk]``, ``A [B,T,H,dk,dk]``, ``z [B,T,H,dk]``, ``o [B,T,H,dv]`` (float64),
-    accurate to ``rtol`` as :func:`trusted_recurrence`, or None where beyond reach.
-
-    The float64 history where its estimate vouches for it (``error_o`` is a maximum over the
-    steps; the state's is the final one, the end of the perturbation the tracker carries through
-    every step); else the escalated reference of every prefix ``[:, :t]`` (O(T²) tokens, on the
-    rare ill-conditioned case only).
+    accurate to ``rtol`` as :func:`trusted_recurrence`, or None where beyond reach:
+    :func:`vla_verify.oracle.reference_history` (the float64 history where its estimate vouches
+    for it, else the reference of every prefix, on the rare ill-conditioned case only).
     """
-    rtol = min(float(rtol), 0.5)
-    inputs = (case.q, case.k, case.v, case.u)
-    state = case.initial_state
-    run = recurrence(
-        *inputs,
-        config=config,
-        variant=variant,
-        initial_state=state,
-        return_states=True,
-        diagnose=True,
-    )
-    assert run.diagnostics is not None and run.history is not None
-    if ESTIMATE_SAFETY * run.diagnostics.estimate <= rtol:
-        tally.float64 += 1
-        h = run.history
-        return {"S": h.S, "A": h.A, "z": h.z, "o": run.o}
-    B, T, H, dk, dv = case.shapes
-    out = {
-        "S": np.empty((B, T, H, dv, dk)),
-        "A": np.empty((B, T, H, dk, dk)),
-        "z": np.empty((B, T, H, dk)),
-        "o": np.empty((B, T, H, dv)),
-    }
-    for t in range(1, T + 1):
-        try:
-            ref = reference(
-                *(x[:, :t] for x in inputs),
-                config=config,
-                variant=variant,
-                initial_state=state,
-                target_rtol=rtol,
-            )
-        except IllConditionedError:
-            tally.beyond += 1
-            return None
-        out["S"][:, t - 1], out["A"][:, t - 1], out["z"][:, t - 1] = ref.state
-        out["o"][:, t - 1] = ref.o[:, t - 1]
-    tally.escalated += 1
-    return out
+    try:
+        h = reference_history(
+            case.q,
+            case.k,
+            case.v,
+            case.u,
+            config=config,
+            variant=variant,
+            initial_state=case.initial_state,
+            target_rtol=min(float(rtol), 0.5),
+        )
+    except IllConditionedError:
+        tally.beyond += 1
+        return None
+    _count(tally, h.method)
+    return {"S": h.S, "A": h.A, "z": h.z, "o": h.o}
 
 
 def certify(
