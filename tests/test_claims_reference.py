@@ -100,3 +100,65 @@ def test_c7_redoes_a_batch_pass_by_pass_and_leaves_out_what_is_beyond_reach() ->
     assert (tally.float64, tally.escalated, tally.beyond) == (2, 0, 1)
     plain = oracle.recurrence(k[1:], k[1:], v[1:], u[1:], config=VLAConfig()).state[0][:, 0]
     np.testing.assert_allclose(S[1:], plain, rtol=1e-12, atol=0)
+
+
+def _marginal_on_float64(monkeypatch):
+    """Plant a float64 run that cannot vouch for its verdict: judged on the float64 history,
+    every example "violates" the bound by a relative 1e-13 of it (far below the float64 run's
+    own error); judged on a given history, the invariant is the real one."""
+    from vla_verify.properties import invariants
+
+    real = invariants.closed_form_equivalence
+
+    def planted(case, config, *, variant="vla", backend="numpy", history=None):
+        r = real(case, config, variant=variant, backend=backend, history=history)
+        if history is not None:
+            return r
+        return invariants.InvariantResult(
+            r.name, False, r.bound * (1 + 1e-13), r.bound, r.detail, r.where, r.extra
+        )
+
+    monkeypatch.setattr(invariants, "closed_form_equivalence", planted)
+    from vla_verify.proofs.claims import c3_closed_form
+
+    monkeypatch.setattr(c3_closed_form, "run_proof", lambda name: None)  # sympy: not the point
+
+
+def test_c3_rejudges_a_violation_float64_cannot_vouch_for(monkeypatch, tmp_path) -> None:
+    """C3.rls with the planted float64 verdicts: every violation is re-judged on the escalated
+    reference's history, where it holds: HOLDS, with the escalations in the evidence."""
+    from claims_support import tiny_context
+
+    from vla_verify.proofs.claims import c3_closed_form
+    from vla_verify.proofs.ledger import Verdict
+
+    _marginal_on_float64(monkeypatch)
+    result = c3_closed_form.run_variant(tiny_context(tmp_path), "rls")
+    assert result.verdict is Verdict.HOLDS
+    assert result.figures["violations"] == 0 and result.figures["beyond_reference_reach"] == 0
+    text = " ".join(result.evidence)
+    n = result.figures["examples"]
+    assert (
+        f"0 float64 run(s) within the accuracy needed by their own estimate, {n} escalated" in text
+    )
+
+
+def test_c3_counts_what_the_reference_cannot_vouch_for(monkeypatch, tmp_path) -> None:
+    """The same, with a reference that cannot vouch: no violation is counted, the examples are
+    beyond reach, and the claim is NOT_MEASURED rather than HOLDS."""
+    from claims_support import tiny_context
+
+    from vla_verify import proofs
+    from vla_verify.errors import IllConditionedError
+    from vla_verify.proofs.claims import c3_closed_form
+    from vla_verify.proofs.ledger import Verdict
+
+    def refuses(*args, **kwargs):
+        raise IllConditionedError("planted", step=1, figure="gate", estimate=1.0)
+
+    _marginal_on_float64(monkeypatch)
+    monkeypatch.setattr(proofs.claims, "reference_history", refuses)
+    result = c3_closed_form.run_variant(tiny_context(tmp_path), "rls")
+    assert result.verdict is Verdict.NOT_MEASURED
+    assert result.figures["violations"] == 0
+    assert result.figures["beyond_reference_reach"] == result.figures["examples"] > 0

@@ -10,8 +10,9 @@ Cholesky argmin within a first-order error model), once per variant.  A violatio
 minimal counterexample (smallest dk and T) and certified.  A violation found on the float64
 run is judged there only where its excess over the bound is beyond that run's own error
 estimate; else it is re-judged on the escalated reference's history, or counted as beyond the
-reference's reach (:func:`~vla_verify.proofs.claims.trusted_history`).  A holding example stays
-judged on the float64 run: the bound is the rounding model of that very run.  When ``vla``
+reference's reach (:func:`~vla_verify.proofs.claims.trusted_history`), and then the claim is
+``NOT_MEASURED`` unless another violation is confirmed.  A holding example stays judged on the
+float64 run: the bound is the rounding model of that very run.  When ``vla``
 fails, the objective its step does minimise is reported from
 :func:`vla_verify.proofs.symbolic.prove_vla_step_objective`.
 """
@@ -178,7 +179,12 @@ def run_variant(ctx: Context, variant: str) -> ClaimResult:
         ),
         method="Hypothesis search (target: distance/bound) with the invariant "
         "closed_form_equivalence; minimal counterexample by shrinking; sympy",
-        verdict=Verdict.from_search(len(violations)),
+        # No confirmed violation but some beyond the reference's reach: HOLDS is not earned.
+        verdict=(
+            Verdict.NOT_MEASURED
+            if tally.beyond and not violations
+            else Verdict.from_search(len(violations))
+        ),
         figures={
             "examples": n,
             "violations": len(violations),
