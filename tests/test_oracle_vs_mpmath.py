@@ -218,3 +218,33 @@ def test_reference_does_not_escalate_well_conditioned_cases(variant: str) -> Non
 
     run()
     assert methods and set(methods) == {"float64"}
+
+
+def test_reference_history_is_float64_on_ordinary_inputs_and_escalates_elsewhere() -> None:
+    """``oracle.reference_history``: the float64 history where the estimate vouches for it;
+    on the strongly penalised case every step's state is the 500-digit one; a history too large
+    to escalate prefix by prefix raises, naming the work."""
+    from vla_verify.errors import ConfigError, IllConditionedError
+
+    args = _well_conditioned(seed=3)
+    plain = oracle.reference_history(*args, config=VLAConfig())
+    raw = oracle.recurrence(*args, config=VLAConfig(), return_states=True)
+    assert plain.method == "float64" and raw.history is not None
+    np.testing.assert_array_equal(plain.S, raw.history.S)
+    np.testing.assert_array_equal(plain.o, raw.o)
+    hard = _strongly_penalised(1e8)
+    config = VLAConfig.exact()
+    h = oracle.reference_history(*hard, config=config)
+    assert h.method == "reference of every prefix"
+    for t in (1, 4, 6):
+        o_mp, (S_mp, A_mp, z_mp) = oracle.recurrence_mp(
+            *(x[:, :t] for x in hard), config=config, dps=500
+        )
+        assert _rel(h.o[:, t - 1], o_mp[:, t - 1]) <= oracle.DEFAULT_TARGET_RTOL
+        for got, want in ((h.S, S_mp), (h.A, A_mp), (h.z, z_mp)):
+            assert _rel(got[:, t - 1], want) <= oracle.DEFAULT_TARGET_RTOL
+    # B·H·dk·(dk + dv)·T(T + 1)/2 = 15·21 = 315 for this case.
+    with pytest.raises(IllConditionedError, match="max_work=314"):
+        oracle.reference_history(*hard, config=config, max_work=314)
+    with pytest.raises(ConfigError, match="target_rtol"):
+        oracle.reference_history(*hard, config=config, target_rtol=0.0)

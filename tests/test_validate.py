@@ -499,10 +499,11 @@ def _strongly_penalised_case(scale: float) -> tuple[np.ndarray, ...]:
 
 def test_validate_never_judges_against_a_wrong_reference() -> None:
     """Where the float64 oracle cannot vouch for itself, ``validate``'s reference is the
-    escalated mpmath result (checked against 500 digits), or the example is beyond reach; the
-    history a float64 run would give is refused, never returned."""
+    escalated mpmath result (checked against 500 digits), the request with the budget's scales
+    included (tests/test_validate_escalated_reference.py judges kernels against it), or the
+    example is beyond reach."""
     from vla_verify import oracle
-    from vla_verify.validation import _BeyondReach, _reference
+    from vla_verify.validation import _BeyondReach, _reference, _reference_with_scales
 
     inputs = _strongly_penalised_case(1e8)
     config = VLAConfig.exact()
@@ -512,18 +513,32 @@ def test_validate_never_judges_against_a_wrong_reference() -> None:
     assert np.max(np.abs(raw.o - o_mp)) / scale > 1e-2  # the raw float64 is wrong here
     got = _reference(inputs, None, config=config, variant="vla")
     assert np.max(np.abs(got.o - o_mp)) / scale <= 1e-10
-    with pytest.raises(_BeyondReach, match="history"):
-        _reference(inputs, None, config=config, variant="vla", return_states=True)
+    with_scales, _, measured = _reference_with_scales(inputs, None, config, "vla")
+    assert measured is not None and np.max(np.abs(with_scales.o - o_mp)) / scale <= 1e-10
+    too_large = [np.repeat(x, 3000, axis=0) for x in inputs]
+    with pytest.raises(_BeyondReach):
+        _reference_with_scales(too_large, None, config, "vla")
 
 
 def test_ordinary_inputs_keep_the_float64_reference() -> None:
-    """The escalation fires only where it is needed: an ordinary case keeps float64 and its
-    history (meta-test of the threshold's other side)."""
-    from vla_verify.validation import _reference
+    """The escalation fires only where it is needed: an ordinary case keeps the float64 result
+    (no measured float64 run comes back) over a history in several segments (meta-test of the
+    threshold's other side)."""
+    from vla_verify import oracle, validation
 
     rng = np.random.default_rng(1)
     q, k = (np.abs(rng.standard_normal((2, 30, 2, 4))) for _ in range(2))
     v = rng.standard_normal((2, 30, 2, 3))
     u = rng.standard_normal((2, 30, 2, 4)) / 2
-    got = _reference([q, k, v, u], None, config=VLAConfig(), variant="vla", return_states=True)
-    assert got.history is not None and got.diagnostics is not None
+    raw = oracle.recurrence(q, k, v, u, config=VLAConfig())
+    for budget in (validation._HISTORY_BUDGET, 2 * 2 * 4 * 4 * 7):  # one segment, then five
+        old, validation._HISTORY_BUDGET = validation._HISTORY_BUDGET, budget
+        try:
+            got, scales, measured = validation._reference_with_scales(
+                [q, k, v, u], None, VLAConfig(), "vla"
+            )
+        finally:
+            validation._HISTORY_BUDGET = old
+        assert measured is None and got.diagnostics is not None
+        np.testing.assert_array_equal(got.o, raw.o)
+        assert np.all(scales["A"] >= 1 / VLAConfig().lambda0)

@@ -11,6 +11,8 @@ Kernel authors import this module to check their own implementations::
   enough, or :class:`~vla_verify.errors.IllConditionedError` where the case is too large to
   escalate (``docs/reference.md`` states the guarantee);
 
+- :func:`reference_history` — every intermediate state of the reference, under the same rule
+  (the float64 history, or the reference of every prefix);
 - :func:`recurrence` — spec §2.3–§2.4 token by token (float64, or the same algorithm in float32,
   float16 or bfloat16 as the same-precision baseline of spec §4);
 - :func:`recurrence_mp`, :func:`penalty_inverse_mp`, :func:`argmin_state_mp`,
@@ -56,9 +58,11 @@ from .spec import check_config, check_inputs, check_start, check_variant
 
 __all__ = [
     "DEFAULT_TARGET_RTOL",
+    "ESTIMATE_SAFETY",
     "MAX_ESCALATION_WORK",
     "Diagnostics",
     "OracleResult",
+    "ReferenceHistory",
     "ReferenceResult",
     "StateHistory",
     "argmin_state",
@@ -71,6 +75,7 @@ __all__ = [
     "recurrence",
     "recurrence_mp",
     "reference",
+    "reference_history",
     "round_to_dtype",
     "step_jacobian",
     "unit_normalize",
@@ -90,6 +95,8 @@ _MAX_DIGITS = 1600
 #: measures (tests/meta/test_oracle_accuracy_estimate.py): float64 is accepted only where
 #: ``_SAFETY · estimate <= target_rtol``.
 _SAFETY = 20.0
+#: The same factor, for callers that act on ``recurrence(..., diagnose=True)`` themselves.
+ESTIMATE_SAFETY = _SAFETY
 
 
 class ReferenceResult(NamedTuple):
@@ -224,3 +231,78 @@ def reference(
         figure="overflow" if overflow else diag.worst,
         estimate=estimate,
     )
+
+
+class ReferenceHistory(NamedTuple):
+    """What :func:`reference_history` returns, float64, sequence-first (spec §1 layouts with a
+    time axis): ``o`` ``[B, T, H, dv]``, ``S`` ``[B, T, H, dv, dk]``, ``A`` ``[B, T, H, dk, dk]``,
+    ``z`` ``[B, T, H, dk]`` (the state after each step), and ``method``: ``"float64"`` or
+    ``"reference of every prefix"``."""
+
+    o: np.ndarray
+    S: np.ndarray
+    A: np.ndarray
+    z: np.ndarray
+    method: str
+
+
+def reference_history(
+    q: Any,
+    k: Any,
+    v: Any,
+    u: Any,
+    *,
+    config: Any = None,
+    variant: str = "vla",
+    initial_state: tuple[Any, Any, Any] | None = None,
+    start: int = 0,
+    target_rtol: float = DEFAULT_TARGET_RTOL,
+    max_work: int = MAX_ESCALATION_WORK,
+) -> ReferenceHistory:
+    """Every intermediate state of spec §2.3–§2.4, each accurate to ``target_rtol``, or an error.
+
+    Inputs as :func:`reference`.  The float64 history where ``20 × estimate <= target_rtol``
+    (the estimate of the whole run: ``error_o`` is a maximum over the steps, the state's is the
+    end of the perturbation the tracker carries through every step); else the state after step
+    ``t`` is :func:`reference` of the prefix ``[:, :t]`` (the same ``initial_state`` and
+    ``start``), for every ``t`` — allowed while the prefixes' total work
+    ``B·H·dk·(dk + dv)·T(T + 1)/2`` is at most ``max_work``; else, or where a prefix's reference
+    raises, :class:`~vla_verify.errors.IllConditionedError`.
+    """
+    target = _check_target(target_rtol)
+    if isinstance(max_work, bool) or not isinstance(max_work, numbers.Integral) or max_work < 0:
+        raise ConfigError("max_work", f"expected an integer >= 0, got {max_work!r}")
+    config = check_config(config)
+    check_variant(variant)
+    start = check_start(start)
+    B, T, H, dk, dv = check_inputs(q, k, v, u, initial_state)
+    q, k, v, u = (to_numpy(x) for x in (q, k, v, u))
+    if initial_state is not None:
+        initial_state = tuple(to_numpy(x) for x in initial_state)  # type: ignore[assignment]
+    kwargs: dict[str, Any] = dict(
+        config=config, variant=variant, initial_state=initial_state, start=start
+    )
+    run = recurrence(q, k, v, u, dtype="float64", diagnose=True, return_states=True, **kwargs)
+    diag, h = run.diagnostics, run.history
+    assert diag is not None and h is not None
+    if _SAFETY * diag.estimate <= target:
+        return ReferenceHistory(run.o, h.S, h.A, h.z, "float64")
+    work = B * H * dk * (dk + dv) * T * (T + 1) // 2
+    if work > max_work:
+        where = f"{diag.worst}" + ("" if diag.step is None else f" at step {diag.step}")
+        raise IllConditionedError(
+            f"the float64 reference's error estimate {diag.estimate:.3g} exceeds target_rtol="
+            f"{target:g} ({where}), and its history is too large to escalate prefix by prefix "
+            f"(B·H·dk·(dk+dv)·T(T+1)/2 = {work} > max_work={max_work})",
+            step=diag.step,
+            figure=diag.worst,
+            estimate=diag.estimate,
+        )
+    o, S, A, z = (np.empty_like(x) for x in (run.o, h.S, h.A, h.z))
+    for t in range(1, T + 1):
+        ref = reference(
+            *(x[:, :t] for x in (q, k, v, u)), target_rtol=target, max_work=max_work, **kwargs
+        )
+        o[:, t - 1] = ref.o[:, t - 1]
+        S[:, t - 1], A[:, t - 1], z[:, t - 1] = ref.state
+    return ReferenceHistory(o, S, A, z, "reference of every prefix")

@@ -13,10 +13,11 @@ not keep it).  Each example:
 2. converts them to the requested array library, dtype and device, and reads back the exact values
    ``fn`` sees, so the reference is computed from the same rounded inputs; ``fn`` gets fresh
    copies on every call, and a change to them is reported as in-place modification;
-3. runs the float64 oracle (the reference, through :func:`_reference`, the one place where the
-   oracle is called) and the oracle in ``fn``'s precision (the baseline of
-   :mod:`vla_verify.error_model`, several runs that round differently:
-   :func:`same_precision_runs`);
+3. runs the reference (:func:`_reference_with_scales` and :func:`_reference`, the only places
+   where the oracle is called: the float64 oracle where its own accuracy estimate vouches for
+   it, else the escalated mpmath reference, else the example is beyond the reference's reach)
+   and the oracle in ``fn``'s precision (the baseline of :mod:`vla_verify.error_model`, several
+   runs that round differently: :func:`same_precision_runs`);
 4. checks what ``fn`` returned (array type, dtype, device, shape), then compares ``o`` and every
    returned state entry slice by slice against the budget; and, when ``fn`` returns a state,
    checks *state carry*: the sequence cut in two, the second half started from the state ``fn``
@@ -65,8 +66,9 @@ from .errors import (
     UnsupportedConfigurationError,
     VLAInputError,
 )
-from .oracle import DEFAULT_TARGET_RTOL
+from .oracle import DEFAULT_TARGET_RTOL, ESTIMATE_SAFETY
 from .oracle import reference as oracle_reference
+from .oracle import reference_history as oracle_reference_history
 from .properties.strategies import (
     Case,
     ConformanceSizes,
@@ -81,7 +83,12 @@ from .spec import Shapes, VLAConfig, check_variant, unit_roundoff
 #: at most ``REFERENCE_RTOL`` (the factor by which the estimate may fall short of the true error,
 #: measured by tests/meta/test_oracle_accuracy_estimate.py); elsewhere it escalates to mpmath.
 REFERENCE_RTOL = DEFAULT_TARGET_RTOL
-REFERENCE_SAFETY = 20.0
+REFERENCE_SAFETY = ESTIMATE_SAFETY
+#: Where ``REFERENCE_SAFETY`` times the float64 estimate passes ``REFERENCE_RTOL`` the values
+#: judged come from the escalated reference, while the floor's scales still come from the
+#: float64 history: up to ``SCALE_TRUST`` (every magnitude within a factor of two), past which
+#: they come from the escalated reference's history (see :func:`_reference_with_scales`).
+SCALE_TRUST = 0.5
 
 __all__ = [
     "PROFILES",
@@ -249,7 +256,6 @@ def _reference(
     config: VLAConfig,
     variant: str,
     dtype: str | None = None,
-    return_states: bool = False,
     start: int = 0,
 ) -> OracleResult:
     """The oracle (spec §2.3) on float64 arrays, in ``dtype`` (default float64).
@@ -259,7 +265,8 @@ def _reference(
     from :func:`vla_verify.oracle.reference` (mpmath at the digits the estimate asks for).
     Where the reference cannot vouch for its own result it raises :class:`IllConditionedError`;
     the example is then beyond the reference's reach and is counted as such, never judged
-    against a reference that may be wrong (:class:`_BeyondReach`).
+    against a reference that may be wrong (:class:`_BeyondReach`).  The float64 result carries
+    its ``diagnostics``; an escalated one carries none.
     """
     kwargs: dict[str, Any] = dict(
         config=config, variant=variant, initial_state=initial_state, start=start
@@ -267,24 +274,24 @@ def _reference(
     try:
         if dtype not in (None, "float64"):
             # A same-precision run: its rounding is the point, not an error of the reference.
-            return recurrence(*inputs, dtype=dtype, return_states=return_states, **kwargs)
-        result = recurrence(*inputs, return_states=return_states, diagnose=True, **kwargs)
-        diag = result.diagnostics
-        if diag is None or REFERENCE_SAFETY * diag.estimate <= REFERENCE_RTOL:
-            return result
-        if return_states:
-            raise IllConditionedError(
-                f"the float64 reference's error estimate {diag.estimate:.3g} exceeds "
-                f"{REFERENCE_RTOL:g} ({diag.worst}), and its history cannot be escalated",
-                step=diag.step,
-                figure=diag.worst,
-                estimate=diag.estimate,
-            )
-        # The facade escalates to mpmath at the digits the estimate asks for, or raises.
-        escalated = oracle_reference(*inputs, target_rtol=REFERENCE_RTOL, **kwargs)
-        return OracleResult(escalated.o, escalated.state, None)
+            return recurrence(*inputs, dtype=dtype, **kwargs)
+        result = recurrence(*inputs, diagnose=True, **kwargs)
     except IllConditionedError as exc:
         raise _BeyondReach(str(exc)) from exc
+    diag = result.diagnostics
+    if diag is None or REFERENCE_SAFETY * diag.estimate <= REFERENCE_RTOL:
+        return result
+    return _escalated(inputs, kwargs)
+
+
+def _escalated(inputs: Sequence[np.ndarray], kwargs: dict[str, Any]) -> OracleResult:
+    """:func:`vla_verify.oracle.reference` (mpmath at the digits the float64 estimate asks
+    for), or :class:`_BeyondReach` where it cannot vouch for its result."""
+    try:
+        escalated = oracle_reference(*inputs, target_rtol=REFERENCE_RTOL, **kwargs)
+    except IllConditionedError as exc:
+        raise _BeyondReach(str(exc)) from exc
+    return OracleResult(escalated.o, escalated.state, None)
 
 
 def same_precision_runs(
@@ -332,20 +339,44 @@ def _reference_with_scales(
     config: VLAConfig,
     variant: str,
     start: int = 0,
-) -> tuple[OracleResult, dict[str, np.ndarray]]:
-    """The float64 reference and, per (b, h), the magnitude of the terms that make each quantity
-    (the floor's scale of :mod:`vla_verify.error_model`).
+) -> tuple[OracleResult, dict[str, np.ndarray], OracleResult | None]:
+    """The reference, per (b, h) the magnitude of the terms that make each quantity (the
+    floor's scale of :mod:`vla_verify.error_model`), and the float64 result where the reference
+    is escalated (else ``None``: the reference is that result), whose error against the
+    reference is then measured (``measured`` of :func:`~vla_verify.error_model.compare`).
 
     ``S, A, z``: the largest entry over the run, the initial state included.  ``o``: the
     a-priori scale of the read-out ``o_t = S_t q_t / d_t`` — the dot product's terms,
     ``max_t (|S_t| |q_t|) / d_t`` — since its rounding error is bounded by ``|S_t| |q_t|``, not
-    by ``|o_t|`` (large values and small read-outs cancel).  The history is taken in segments
-    continued with ``start`` (spec §2.3), which repeats the whole run's arithmetic exactly.
+    by ``|o_t|`` (large values and small read-outs cancel).  The history is taken from the
+    float64 recurrence in segments continued with ``start`` (spec §2.3), which repeats the whole
+    run's arithmetic exactly.
+
+    The values judged (``o`` and the final state) are the float64 result where its own estimate
+    vouches for it (``REFERENCE_SAFETY · estimate <= REFERENCE_RTOL``, estimated over the whole
+    run), else the escalated reference (:func:`vla_verify.oracle.reference`).  The scales stay
+    those of the float64 history, which is sound because a scale only needs its order of
+    magnitude: it enters the budget through the floor ``(terms + 2)·eps_p·scale``, an a-priori
+    allowance for a correct implementation rounding in another order whose constant is itself a
+    count of operations, not a sharp bound, so a scale off by a relative ``r`` moves the floor by
+    the factor ``1 ± r`` and nothing else (the measured term ``factor · err_p`` does not use it,
+    and :func:`~vla_verify.error_model.compare` never lets the floor's magnitude fall below that
+    of the judged reference itself).  The float64 history is trusted to that order of magnitude
+    where ``REFERENCE_SAFETY · estimate <= SCALE_TRUST`` (= 1/2: every magnitude within a factor
+    of two of the exact one, the estimate being first order like every scale it feeds).  Past it
+    the float64 chain has lost its leading digits (on the strongly penalised six-token case,
+    ``||u||`` ~ 1e8, its largest ``|A_t|`` is 563 where the exact one is 9.75), and the scales
+    come from the escalated reference's own history
+    (:func:`vla_verify.oracle.reference_history`: the reference of every prefix, affordable
+    while the prefixes' total work is within its ``max_work``).  The example is beyond the
+    reference's reach (:class:`_BeyondReach`) only where the escalated reference cannot vouch
+    for its result (or its history).
     """
     q = inputs[0]
     B, T, H, dk = q.shape
     dv = inputs[2].shape[-1]
     segment = max(1, min(T, _HISTORY_BUDGET // max(1, B * H * dk * max(dk, dv))))
+    whole = segment >= T  # one segment: its accuracy estimate is the whole run's
     scales = {
         "S": np.zeros((B, H)),
         "A": np.zeros((B, H)),
@@ -354,35 +385,96 @@ def _reference_with_scales(
     }
     outputs = []
     state: Any = initial
+    diagnostics = None
     for lo in range(0, T, segment):
         part = [x[:, lo : lo + segment] for x in inputs]
-        run = _reference(
-            part, state, config=config, variant=variant, return_states=True, start=start + lo
-        )
+        try:
+            run = recurrence(
+                *part,
+                config=config,
+                variant=variant,
+                initial_state=state,
+                start=start + lo,
+                return_states=True,
+                diagnose=whole,
+            )
+        except IllConditionedError as exc:  # an oracle that refuses: beyond reach, as always
+            raise _BeyondReach(str(exc)) from exc
+        diagnostics = run.diagnostics
         history = run.history
         assert history is not None
-        scales["S"] = np.maximum(scales["S"], np.max(np.abs(history.S), axis=(1, 3, 4)))
-        scales["A"] = np.maximum(scales["A"], np.max(np.abs(history.A), axis=(1, 3, 4)))
-        scales["z"] = np.maximum(scales["z"], np.max(np.abs(history.z), axis=(1, 3)))
-        terms = (np.abs(history.S) @ np.abs(part[0])[..., None])[..., 0]  # [B, t, H, dv]
-        if config.normalize_output:
-            den = np.maximum(np.sum(history.z * part[0], axis=-1), config.out_eps)
-            terms = terms / den[..., None]
-        scales["o"] = np.maximum(scales["o"], np.max(terms, axis=(1, 3)))
+        _add_scales(scales, history.S, history.A, history.z, part[0], config)
         outputs.append(run.o)
         state = run.state
         if not _finite(state) and lo + segment < T:
-            # The reference overflowed: the example lies outside the envelope (the caller sees
-            # the non-finite output); the oracle does not take a non-finite state to go on.
+            # The float64 run overflowed: the oracle does not take a non-finite state to go on
+            # (the estimate below is then infinite: escalated or beyond reach).
             outputs.append(np.full((B, T - lo - segment, H, dv), np.nan))
             break
+    _add_initial_scales(scales, initial, config)
+    assert state is not None
+    kwargs: dict[str, Any] = dict(
+        config=config, variant=variant, initial_state=initial, start=start
+    )
+    if not whole:
+        try:
+            diagnostics = recurrence(*inputs, diagnose=True, **kwargs).diagnostics
+        except IllConditionedError as exc:
+            raise _BeyondReach(str(exc)) from exc
+    assert diagnostics is not None
+    estimate = REFERENCE_SAFETY * diagnostics.estimate
+    if estimate <= REFERENCE_RTOL:
+        float64 = OracleResult(np.concatenate(outputs, axis=1), state, None)
+        return float64.with_diagnostics(diagnostics), scales, None
+    float64 = OracleResult(np.concatenate(outputs, axis=1), state, None)
+    if estimate <= SCALE_TRUST:
+        return _escalated(inputs, kwargs), scales, float64
+    # The float64 history has lost its order of magnitude: the escalated reference's history
+    # gives the scales, and its last step the values judged.
+    try:
+        exact = oracle_reference_history(*inputs, target_rtol=REFERENCE_RTOL, **kwargs)
+    except IllConditionedError as exc:
+        raise _BeyondReach(
+            f"the float64 history has lost its order of magnitude (error estimate "
+            f"{diagnostics.estimate:.3g}), and the escalated reference's cannot replace it: {exc}"
+        ) from exc
+    scales = {name: np.zeros((B, H)) for name in "SAzo"}
+    _add_scales(scales, exact.S, exact.A, exact.z, inputs[0], config)
+    _add_initial_scales(scales, initial, config)
+    ref = OracleResult(exact.o, (exact.S[:, -1], exact.A[:, -1], exact.z[:, -1]), None)
+    return ref, scales, float64
+
+
+def _add_scales(
+    scales: dict[str, np.ndarray],
+    S: np.ndarray,
+    A: np.ndarray,
+    z: np.ndarray,
+    q: np.ndarray,
+    config: VLAConfig,
+) -> None:
+    """Raise ``scales`` (``[B, H]`` each) to the magnitudes of one stretch of history:
+    ``S [B,t,H,dv,dk]``, ``A [B,t,H,dk,dk]``, ``z [B,t,H,dk]`` and its queries ``q [B,t,H,dk]``
+    (see :func:`_reference_with_scales`)."""
+    scales["S"] = np.maximum(scales["S"], np.max(np.abs(S), axis=(1, 3, 4)))
+    scales["A"] = np.maximum(scales["A"], np.max(np.abs(A), axis=(1, 3, 4)))
+    scales["z"] = np.maximum(scales["z"], np.max(np.abs(z), axis=(1, 3)))
+    terms = (np.abs(S) @ np.abs(q)[..., None])[..., 0]  # [B, t, H, dv]
+    if config.normalize_output:
+        den = np.maximum(np.sum(z * q, axis=-1), config.out_eps)
+        terms = terms / den[..., None]
+    scales["o"] = np.maximum(scales["o"], np.max(terms, axis=(1, 3)))
+
+
+def _add_initial_scales(
+    scales: dict[str, np.ndarray], initial: tuple[np.ndarray, ...] | None, config: VLAConfig
+) -> None:
+    """Raise ``scales`` to the magnitudes of the initial state (given, or the default)."""
     if initial is not None:
         for name, x, axes in zip("SAz", initial, ((2, 3), (2, 3), (2,)), strict=True):
             scales[name] = np.maximum(scales[name], np.max(np.abs(x), axis=axes))
     else:  # the default start: S_0 = 0, z_0 = 0, A_0 = I/lambda0 (the first downdate cancels it)
         scales["A"] = np.maximum(scales["A"], 1.0 / config.lambda0)
-    assert state is not None
-    return OracleResult(np.concatenate(outputs, axis=1), state, None), scales
 
 
 # -- what fn returned ---------------------------------------------------------------------------
@@ -498,7 +590,7 @@ def _evaluate(
         else tuple(to_numpy(x) for x in fresh(case.initial_state))
     )
     try:
-        ref, scales = _reference_with_scales(seen, seen_state, config, variant)
+        ref, scales, measured = _reference_with_scales(seen, seen_state, config, variant)
         base_runs = same_precision_runs(
             seen,
             seen_state,
@@ -596,6 +688,17 @@ def _evaluate(
         "A": [r.state[1] for r in base_runs],
         "z": [r.state[2] for r in base_runs],
     }
+    # Where the reference is escalated, the float64 oracle's own error is measured against it.
+    own = (
+        {}
+        if measured is None
+        else {
+            "o": measured.o,
+            "S": measured.state[0],
+            "A": measured.state[1],
+            "z": measured.state[2],
+        }
+    )
     # The floor's summation length (error_model.py): the recurrence's longest inner product has
     # dk terms; a chunked form also sums over up to C tokens of its chunk (spec §5).
     terms = dk + (chunk_size or 0)
@@ -617,6 +720,7 @@ def _evaluate(
                 factor=factor,
                 scale=scales.get(name),
                 terms=terms,
+                measured=own.get(name),
             )
         )
     bad = [c for c in comparisons if not c.passed]
@@ -644,8 +748,8 @@ def _evaluate(
                 return carried
         if isinstance(carried, tuple):
             judged = _judge_carry(
-                carried, seen, cut, ref, bases, scales, expected_shapes, config, variant, dtype,
-                factor, terms, case,
+                carried, seen, cut, ref, bases, own.get("o"), scales, expected_shapes, config,
+                variant, dtype, factor, terms, case,
             )  # fmt: skip
             if judged.status != "judged" or judged.failure is not None:
                 if judged.failure is not None:
@@ -712,6 +816,7 @@ def _judge_carry(
     cut: int,
     ref: OracleResult,
     bases: dict[str, list[np.ndarray]],
+    measured_o: np.ndarray | None,
     scales: dict[str, np.ndarray],
     expected_shapes: dict[str, tuple[int, ...]],
     config: VLAConfig,
@@ -771,6 +876,7 @@ def _judge_carry(
         factor=factor,
         scale=scales["o"],
         terms=terms,
+        measured=None if measured_o is None else measured_o[:, :cut],
     )
     if not first.passed:
         return fail(f"the first {cut} tokens, run alone, differ from the whole sequence's", [first])
@@ -778,7 +884,7 @@ def _judge_carry(
         return fail(f"the state fn returned after token {cut} is not finite")
     second_inputs = [x[:, cut:] for x in seen]
     try:
-        ref2, scales2 = _reference_with_scales(
+        ref2, scales2, measured2 = _reference_with_scales(
             second_inputs, carried_state, config, variant, start=cut
         )
         bases2 = same_precision_runs(
@@ -804,6 +910,7 @@ def _judge_carry(
         factor=factor,
         scale=scales2["o"],
         terms=terms,
+        measured=None if measured2 is None else measured2.o,
     )
     if not second.passed:
         return fail(

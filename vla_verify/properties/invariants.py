@@ -454,7 +454,12 @@ def directional_selectivity(
 
 
 def closed_form_equivalence(
-    case: Case, config: VLAConfig, *, variant: str = "vla", backend: BackendLike = "numpy"
+    case: Case,
+    config: VLAConfig,
+    *,
+    variant: str = "vla",
+    backend: BackendLike = "numpy",
+    history: dict[str, np.ndarray] | None = None,
 ) -> InvariantResult:
     """Claim C3 (spec §3): ``S_t = argmin_S Σ_{s≤t} ||v_s − S k̂_s||² + tr(S M_t Sᵀ)`` for all t.
 
@@ -470,11 +475,16 @@ def closed_form_equivalence(
     ``χ_t = ||G_t||₂·||G_0^{-1}||₂ = λ_max(G_t)/lambda0``: bound ``(dk + dv + 4)·t·u·χ_t``.
     ``rls`` should hold; ``vla`` is not the argmin of this objective (see
     :func:`vla_verify.proofs.symbolic.prove_vla_step_objective` for the one it minimises).
+
+    ``history`` (``S [B,T,H,dv,dk]`` at least), when given, is the recurrence's history to judge
+    instead of ``backend``'s: the claims ledger passes the escalated reference's where the
+    float64 run cannot vouch for a violation (:func:`vla_verify.proofs.claims.trusted_history`).
     """
     name = "closed_form_equivalence"
-    plain = Case(case.q, case.k, case.v, case.u, None, case.split, case.regimes, case.seed)
-    hist = backend_history(plain, config, backend=backend, variant=variant)
-    S = hist["S"]
+    if history is None:
+        plain = Case(case.q, case.k, case.v, case.u, None, case.split, case.regimes, case.seed)
+        history = backend_history(plain, config, backend=backend, variant=variant)
+    S = history["S"]
     T, dk, dv = case.shapes[1], case.shapes[3], case.shapes[4]
     ref = argmin_state(case.k, case.v, case.u, config.lambda0, norm_eps=config.norm_eps)
     k_hat = unit_normalize(case.k, config.norm_eps)
@@ -790,12 +800,20 @@ def jacobian_norm_formula(
 
 
 def state_norms(
-    case: Case, config: VLAConfig, *, variant: str = "vla", backend: BackendLike = "numpy"
+    case: Case,
+    config: VLAConfig,
+    *,
+    variant: str = "vla",
+    backend: BackendLike = "numpy",
+    history: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Claim C5 (spec §3, Proposition 1): ``||S_t||_F`` for every t, ``[B, T, H]`` float64,
-    from ``backend`` running ``variant`` (``linear`` is the O(T) baseline)."""
-    S = backend_history(case, config, backend=backend, variant=variant)["S"]
-    return np.linalg.norm(S, axis=(-2, -1))
+    from ``backend`` running ``variant`` (``linear`` is the O(T) baseline), or from ``history``
+    (``S [B,T,H,dv,dk]``) when given: the claims ledger's trusted history
+    (:func:`vla_verify.proofs.claims.trusted_history`)."""
+    if history is None:
+        history = backend_history(case, config, backend=backend, variant=variant)
+    return np.linalg.norm(history["S"], axis=(-2, -1))
 
 
 # -- agreement and carry -----------------------------------------------------------------------

@@ -7,12 +7,22 @@ The helpers here wrap Hypothesis for the two kinds of search the claims use:
 - :func:`find_minimal` — the smallest input (Hypothesis shrinks dk and T first: they are drawn
   first) on which a predicate holds: a *minimal counterexample*;
 - :func:`search_max` — adversarial maximisation of an objective with ``hypothesis.target``.
+
+and the one way a claim takes the recurrence of spec §2.3 as the truth it judges by
+(:func:`trusted_recurrence`, :func:`trusted_history`): the float64 run where its own accuracy
+estimate (``recurrence(..., diagnose=True)``) is within the accuracy the judgement needs, the
+escalated reference (:func:`vla_verify.oracle.reference`) elsewhere, and ``None`` where that
+reference cannot vouch either — counted in a :class:`ReferenceTally` whose line goes into the
+claim's evidence, never judged.  Places whose subject *is* the float64 or low-precision
+recurrence keep the raw run on purpose: C1's drift of the Sherman–Morrison chain in
+float32/bfloat16 (its truth is the direct inverse, not the recurrence) and C9's timings.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,16 +31,21 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
+from ...errors import IllConditionedError
+from ...oracle import reference, reference_history
 from ...properties.strategies import Case
 from ...spec import VLAConfig
 from ..ledger import Claim, Context
 
 __all__ = [
     "CLAIMS",
+    "ReferenceTally",
     "find_minimal",
     "layer_penalties",
     "run_proof",
     "search_max",
+    "trusted_history",
+    "trusted_recurrence",
     "unit",
 ]
 
@@ -116,6 +131,103 @@ def layer_penalties(rng: np.random.Generator, k_raw: np.ndarray) -> np.ndarray:
     dk = k_raw.shape[-1]
     W_u = rng.standard_normal((dk, dk)) / np.sqrt(dk)
     return unit(k_raw @ W_u.T) / np.sqrt(dk)
+
+
+@dataclass
+class ReferenceTally:
+    """How a claim's reference runs went: ``float64`` (its own estimate within the accuracy
+    needed), ``escalated`` (mpmath, :func:`vla_verify.oracle.reference`), ``beyond`` (the
+    reference cannot vouch: the example or measurement is not judged)."""
+
+    float64: int = 0
+    escalated: int = 0
+    beyond: int = 0
+
+    def evidence(self) -> str:
+        """The line for the claim's evidence."""
+        return (
+            f"reference: {self.float64} float64 run(s) within the accuracy needed by their own "
+            f"estimate, {self.escalated} escalated to mpmath, {self.beyond} beyond the "
+            "reference's reach (not judged)"
+        )
+
+
+def _count(tally: ReferenceTally, method: str) -> None:
+    if method == "float64":
+        tally.float64 += 1
+    else:
+        tally.escalated += 1
+
+
+def trusted_recurrence(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    u: np.ndarray,
+    *,
+    config: VLAConfig,
+    rtol: float,
+    tally: ReferenceTally,
+    variant: str = "vla",
+    initial_state: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """``(o, (S, A, z))`` of spec §2.3 (float64 arrays, the layouts of spec §1) accurate to
+    ``rtol`` (relative, per (b, h) slice; at most 1/2), or None where the reference cannot
+    vouch for it.
+
+    :func:`vla_verify.oracle.reference` at ``target_rtol = rtol``: the float64 run where
+    ``ESTIMATE_SAFETY`` times its own estimate is at most ``rtol``, else mpmath; where it raises
+    :class:`~vla_verify.errors.IllConditionedError` the run counts as beyond reach.  ``tally``
+    records which.
+    """
+    try:
+        ref = reference(
+            q,
+            k,
+            v,
+            u,
+            config=config,
+            variant=variant,
+            initial_state=initial_state,
+            target_rtol=min(float(rtol), 0.5),
+        )
+    except IllConditionedError:
+        tally.beyond += 1
+        return None
+    _count(tally, ref.method)
+    return ref.o, ref.state
+
+
+def trusted_history(
+    case: Case,
+    config: VLAConfig,
+    *,
+    rtol: float,
+    tally: ReferenceTally,
+    variant: str = "vla",
+) -> dict[str, np.ndarray] | None:
+    """Every intermediate state of spec §2.3 on ``case`` (its initial state included):
+    ``S [B,T,H,dv,dk]``, ``A [B,T,H,dk,dk]``, ``z [B,T,H,dk]``, ``o [B,T,H,dv]`` (float64),
+    accurate to ``rtol`` as :func:`trusted_recurrence`, or None where beyond reach:
+    :func:`vla_verify.oracle.reference_history` (the float64 history where its estimate vouches
+    for it, else the reference of every prefix, on the rare ill-conditioned case only).
+    """
+    try:
+        h = reference_history(
+            case.q,
+            case.k,
+            case.v,
+            case.u,
+            config=config,
+            variant=variant,
+            initial_state=case.initial_state,
+            target_rtol=min(float(rtol), 0.5),
+        )
+    except IllConditionedError:
+        tally.beyond += 1
+        return None
+    _count(tally, h.method)
+    return {"S": h.S, "A": h.A, "z": h.z, "o": h.o}
 
 
 def certify(
