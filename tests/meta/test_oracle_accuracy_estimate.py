@@ -105,3 +105,15 @@ def test_planted_pessimist_is_caught() -> None:
     _, true = estimate_and_truth(_penalised(0.5), VLAConfig.exact(), "vla", None)
     with pytest.raises(AssertionError, match="pessimistic"):
         check_estimate(1.0, true)
+
+
+@pytest.mark.parametrize("variant", ["vla", "rls"])
+def test_a_zero_key_is_no_error(variant: str) -> None:
+    """A zero key gives the gate α = A·0 = 0 exactly: the estimate stays far below the
+    reference's escalation threshold (0/0 read as an infinite residual would send every such
+    input to mpmath) and still bounds the true error."""
+    q, k, v, u = _penalised(1.0)
+    k[0, 2] = 0.0
+    estimate, truth = estimate_and_truth((q, k, v, u), CONFIGS[variant], variant, None)
+    assert _SAFETY * estimate <= oracle.DEFAULT_TARGET_RTOL
+    check_estimate(estimate, truth)

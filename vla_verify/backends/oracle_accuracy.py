@@ -231,7 +231,8 @@ class AccuracyTracker:
         assert A is not None, "a tracked penalty needs the updated A"
         err = self._solve_error(k_hat, alpha, A) + (self.dk + 2) * self.u * _norm(alpha)
         with np.errstate(all="ignore"):
-            rel = err / _norm(alpha)
+            # A zero key gives α = 0 exactly (err = 0): no error, not 0/0.
+            rel = np.where(err == 0, 0.0, err / _norm(alpha))
         self._worse("gate", rel)
         # A normalised gate moves by at most 2·(relative error of α); unnormalised: err itself.
         self.gate_error = 2 * rel if normalized else err
