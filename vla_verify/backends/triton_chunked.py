@@ -31,7 +31,6 @@ keeps the chunked intermediates), not fast.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
@@ -40,7 +39,9 @@ import triton
 from ..errors import DTypeError, NonFiniteResultError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_chunked_kernels as kernels
-from .registry import Backend, Capabilities
+from .registry import Capabilities
+from .triton_common import TritonKernelBackend, built_for_interpreter
+from .triton_common import availability_reason as _availability_reason
 
 __all__ = [
     "CHUNK_SIZES",
@@ -82,16 +83,12 @@ PLANTED_BUGS: dict[str, int] = {
 
 def interpreted() -> bool:
     """Whether the kernels were built for Triton's CPU interpreter."""
-    return type(kernels.state_chain_kernel).__name__ == "InterpretedFunction"
+    return built_for_interpreter(kernels.state_chain_kernel)
 
 
 def availability_reason() -> str | None:
     """``None`` if the kernels can run here, else why not."""
-    if torch.cuda.is_available() or interpreted():
-        return None
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "no CUDA GPU, and TRITON_INTERPRET=1 was set only after Triton was imported"
-    return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
+    return _availability_reason(interpreted())
 
 
 def _pow2(n: int) -> int:
@@ -363,7 +360,7 @@ def chunked_vla(
     return o, (S, A, z)
 
 
-class TritonChunkedBackend(Backend):
+class TritonChunkedBackend(TritonKernelBackend):
     """Registry name ``triton_chunked``: :func:`chunked_vla` as a spec §4 callable.
 
     Options ``chunk_size`` (16, 32, 64; default 64), ``input_precision``, ``penalty_dtype``,
@@ -401,37 +398,18 @@ class TritonChunkedBackend(Backend):
                 argument="chunk_size",
             )  # fmt: skip
 
-    def availability(self) -> str | None:
-        return availability_reason()
+    def _interpreted(self) -> bool:
+        return interpreted()
 
-    def _checks_finite(self) -> bool:
-        return bool(self.options["check_finite"])
-
-    def check_support(
-        self,
-        config: VLAConfig,
-        shapes: Any,
-        dtype: str,
-        device: str = "cpu",
-        *,
-        variant: str | None = None,
-    ) -> str | None:
-        reason = super().check_support(config, shapes, dtype, device, variant=variant)
-        if reason is not None:
-            if reason.startswith("dtype float64"):
-                reason += (
-                    ": the kernels accumulate the state chain in float32; the 'torch_chunked' "
-                    "backend runs the same chunked forms in float64"
-                )
-            elif reason.startswith("variant"):
-                reason += "; 'torch_chunked' runs delta and linear chunked, 'torch' runs rls"
-            return reason
-        if device == "cpu" and not interpreted():
-            return (
-                "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
-                "triton); use CUDA tensors"
+    def _explain_refusal(self, reason: str) -> str:
+        if reason.startswith("dtype float64"):
+            return reason + (
+                ": the kernels accumulate the state chain in float32; the 'torch_chunked' "
+                "backend runs the same chunked forms in float64"
             )
-        return None
+        if reason.startswith("variant"):
+            return reason + "; 'torch_chunked' runs delta and linear chunked, 'torch' runs rls"
+        return reason
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         o, state = chunked_vla(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,9 @@ import triton.language as tl
 from ..errors import DeviceError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_fused_kernels as kernels
-from .registry import Backend, Capabilities
+from .registry import Capabilities
+from .triton_common import TritonKernelBackend, built_for_interpreter
+from .triton_common import availability_reason as _availability_reason
 from .triton_fused_kernels import Bug, Downdate, Nudge
 
 __all__ = [
@@ -86,7 +87,7 @@ _FORWARD_FLOATS = 1 << 30
 _SEGMENT_FLOATS = 1 << 26
 
 
-_INTERPRETED = type(kernels.vla_stream_kernel).__name__ == "InterpretedFunction"
+_INTERPRETED = built_for_interpreter(kernels.vla_stream_kernel)
 
 
 def interpreted() -> bool:
@@ -97,14 +98,7 @@ def interpreted() -> bool:
 
 def availability_reason() -> str | None:
     """``None`` if the kernels can run here, else why not."""
-    if torch.cuda.is_available() or interpreted():
-        return None
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return (
-            "no CUDA GPU, and TRITON_INTERPRET=1 was set only after Triton had built the "
-            "kernels; set it before the first import of triton"
-        )
-    return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
+    return _availability_reason(interpreted())
 
 
 # Plain integer helpers: triton.cdiv and triton.next_power_of_2 are Triton functions, about 14 µs
@@ -796,7 +790,7 @@ _SEMANTIC_OPTIONS: dict[str, Any] = {
 }
 
 
-class TritonFusedBackend(Backend):
+class TritonFusedBackend(TritonKernelBackend):
     """Registry name ``triton_fused``: :func:`fused_recurrent_vla` as a spec §4 callable.
 
     Returns ``(o, (S, A, z))`` all in the inputs' dtype and device.  Options: the semantic
@@ -824,30 +818,8 @@ class TritonFusedBackend(Backend):
             n: self.options[n] for n in PLAN_FIELDS if self.options[n] is not None
         }
 
-    def availability(self) -> str | None:
-        return availability_reason()
-
-    def check_support(
-        self,
-        config: VLAConfig,
-        shapes: Any,
-        dtype: str,
-        device: str = "cpu",
-        *,
-        variant: str | None = None,
-    ) -> str | None:
-        reason = super().check_support(config, shapes, dtype, device, variant=variant)
-        if reason is not None:
-            return reason
-        if device == "cpu" and not interpreted():
-            return (
-                "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
-                "triton); use CUDA tensors"
-            )
-        return None
-
-    def _checks_finite(self) -> bool:
-        return bool(self.options["check_finite"])
+    def _interpreted(self) -> bool:
+        return interpreted()
 
     def _run(self, q, k, v, u, *, config, initial_state, start=0):  # type: ignore[no-untyped-def]
         plan = None
