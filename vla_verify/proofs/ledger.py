@@ -417,9 +417,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-#: Interval multiply-adds ``--replay`` spends at most on a re-check (a few seconds in mpmath.iv);
+#: Interval multiply-adds ``--replay`` spends at most on a re-check (seconds in mpmath.iv);
 #: a costlier file is re-measured in float64 only.
-REPLAY_INTERVAL_BUDGET = 2_000_000
+REPLAY_INTERVAL_BUDGET = 1_000_000
 
 
 def _interval_cost(cx: Any) -> int:
