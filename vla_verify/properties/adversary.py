@@ -3,7 +3,8 @@
 A claim that bounds a quantity (``sup_t ||S_t||_F`` for C5, ``||J_T ⋯ J_1||₂`` for C4) is only as
 credible as the hardest search it survived.  This module searches inside the claim's constraint
 set — unit keys ``||k̂_t|| = 1``, values ``||v_t|| ≤ 1``, penalties ``||u_t||² = 1/dk`` (spec §2.1,
-§2.5) — in three ways:
+§2.5; the product searches take another penalty norm ``u_norm`` for another input class) — in
+four ways:
 
 - **greedy adaptive adversaries** (:func:`greedy_state_norm`): at each step the next
   ``(k_t, v_t, u_t)`` maximises ``||S_t||_F`` given the current state.  Every variant's step is
@@ -17,6 +18,10 @@ set — unit keys ``||k̂_t|| = 1``, values ``||v_t|| ≤ 1``, penalties ``||u_t
   :func:`gradient_search_product`): PyTorch autograd through a lean copy of the recurrence, the
   free parameters projected onto the constraint set at every evaluation, several restarts run as
   one batch;
+- **subspace-lifted search** (:func:`lifted_search_product`): at a wide head the product
+  searches run in an r-dimensional subspace with the full width's penalty norm (``u_norm``),
+  and the best is embedded into R^dk (:func:`embed`, exact: inputs in a subspace leave its
+  complement alone) to seed the gradient search at the full width;
 - **extension**: what the gradient search finds at a moderate ``T₀`` becomes a rule
   (:func:`rule_from_search`: the penalty's principal direction) that the greedy adversary replays
   at ``10·T₀`` and ``100·T₀``; growth is fitted over all those lengths (:func:`fit_exponent`,
@@ -71,9 +76,10 @@ class AdversaryRun:
     """Inputs found by a search and the quantity they reach.
 
     ``k``: ``[T, dk]`` unit keys; ``v``: ``[T, dv]`` with ``||v_t|| ≤ 1``; ``u``: ``[T, dk]`` with
-    ``||u_t||² = 1/dk``; ``values``: the quantity after each step (``||S_t||_F`` or
-    ``||X_1 ⋯ X_t||₂``), float64 ``[T]``, as the search computed it; ``value``: its figure of
-    merit (the largest of ``values``); ``method``: how the inputs were found.
+    ``||u_t||² = 1/dk`` (or the ``u_norm`` a product search was given); ``values``: the quantity
+    after each step (``||S_t||_F`` or ``||X_1 ⋯ X_t||₂``), float64 ``[T]``, as the search
+    computed it; ``value``: its figure of merit (the largest of ``values``); ``method``: how the
+    inputs were found.
     """
 
     k: np.ndarray

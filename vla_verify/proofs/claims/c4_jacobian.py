@@ -14,13 +14,19 @@ Sub-claims and methods:
   all hold, the verdict is HOLDS_ONLY_IF that condition.  The exact norm ``σ₊(c_t)`` is checked by
   :func:`~vla_verify.properties.invariants.jacobian_norm_formula` and proved by
   :func:`vla_verify.proofs.symbolic.prove_rank_one_singular_values`.
-- ``C4.product`` — "explode" formalised as ``||J_t ⋯ J_1||₂ > 10`` for some t ≤ 64: the
-  adversary engine (:mod:`vla_verify.properties.adversary`: gradient search over whole
-  sequences, greedy adaptive adversary) maximises the product at dk ∈ ``profile.product_dk`` and
-  λ0 ∈ {0.1, 1}; the ceiling rule of :mod:`vla_verify.proofs.verdicts` decides; the largest
-  product is the counterexample.  A proven bound ``Π σ₊(c_min(κ_t))`` (:func:`product_bound`)
-  stands beside each search.  Vanishing (``< 0.1``) is searched for vla and the delta rule and
-  reported beside the verdict: the delta rule's projections vanish too.
+- ``C4.product`` — "explode" formalised as ``||J_t ⋯ J_1||₂ > 10`` for some t ≤ 64, over unit
+  keys and ``||u_t||² = 1/dk`` (the spec §2.5 layer's class): the adversary engine
+  (:mod:`vla_verify.properties.adversary`: gradient search over whole sequences and greedy
+  adaptive adversary at dk ≤ 8, the subspace-lifted search wider) maximises the product at
+  dk ∈ ``profile.product_dk`` and λ0 ∈ {0.1, 1}; the ceiling rule of
+  :mod:`vla_verify.proofs.verdicts` decides on the largest product the interval check takes
+  in-run (dk ≤ 8, or every width with ``profile.certify_long``), which is the counterexample; the
+  worst at dk = 64, λ0 = 0.1 is saved beside it whether or not it passes the ceiling.  A proven
+  bound ``Π σ₊(c_min(κ_t))`` (:func:`product_bound`) stands beside each search.  Vanishing
+  (``< 0.1``) is searched for vla and the delta rule and reported beside the verdict: the delta
+  rule's projections vanish too.
+- ``C4.product.unit_penalty`` — the same search over unit penalties (``||u_t|| = 1``), where
+  the proven bound leaves room for products in the millions.
 - ``C4.unnormalised`` — ``log10 ||J_25 ⋯ J_1||₂`` at dk = 96 with ``normalize_gate=False`` on
   layer-like inputs, against the paper's 32 (±2).  A proven bound is reported beside it:
   ``||J_t||₂ ≤ 1 + ||α_t|| ≤ 1 + ||A_t||₂ ≤ 1 + 1/lambda0`` (+ the nudges' ``t/P·η``).
