@@ -20,7 +20,7 @@ Sub-claims and methods:
   adaptive adversary at dk ≤ 8, the subspace-lifted search wider) maximises the product at
   dk ∈ ``profile.product_dk`` and λ0 ∈ {0.1, 1}; the ceiling rule of
   :mod:`vla_verify.proofs.verdicts` decides on the largest product the interval check takes
-  in-run (dk ≤ 8, or every width with ``profile.certify_long``), which is the counterexample; the
+  in-run (dk ≤ 8), which is the counterexample; the
   worst at dk = 64, λ0 = 0.1 is saved beside it whether or not it passes the ceiling.  A proven
   bound ``Π σ₊(c_min(κ_t))`` (:func:`product_bound`) stands beside each search.  Vanishing
   (``< 0.1``) is searched for vla and the delta rule and reported beside the verdict: the delta
@@ -372,8 +372,8 @@ def _save_record(
     ctx: Context, file_id: str, setting: _Setting, variant: str, statement: str
 ) -> tuple[str, str]:
     """Save ``setting``'s worst product as a counterexample file (whether or not it passes the
-    ceiling) and re-check it in intervals where the width allows (``INTERVAL_DK``, or the
-    profile's ``certify_long``); returns ``(path, text for the evidence)``."""
+    ceiling) and re-check it in intervals where the width allows (``INTERVAL_DK``); returns
+    ``(path, text for the evidence)``."""
     from .. import certificates
 
     cx = certificates.from_case(
@@ -392,7 +392,7 @@ def _save_record(
         f"{file_id}: worst product at {setting.where} saved to {path} ({side} the ceiling "
         f"{EXPLODE:g}: {cx.measured:.6g}); "
     )
-    if setting.dk > INTERVAL_DK and not ctx.profile.certify_long:
+    if setting.dk > INTERVAL_DK:
         return str(path), head + (
             "float64 re-measure only in-run (the interval product costs ~dk³ per step); "
             f"`vla-verify claims --replay {path}` re-measures it"
@@ -411,8 +411,8 @@ def _product_result(
     settings, table = _search_class(ctx, variant, pclass, T)
     worst = max(settings, key=lambda s: s.measured)
     # The verdict rests on a certified product: the largest one the interval check can take
-    # in-run (the overall worst when its width allows).
-    checkable = [s for s in settings if s.dk <= INTERVAL_DK or p.certify_long]
+    # in-run (the overall worst when its width allows; at dk = 64 the check takes minutes).
+    checkable = [s for s in settings if s.dk <= INTERVAL_DK]
     decisive = max(checkable, key=lambda s: s.measured) if checkable else worst
     if decisive.measured <= EXPLODE:
         decisive = worst
@@ -445,7 +445,7 @@ def _product_result(
             statement=f"||J_t ⋯ J_1||₂ ≤ {EXPLODE:g} (products do not explode); "
             f"{decisive.where}; {pclass.description}",
             note=decisive.run.method,
-            check_interval=decisive.dk <= INTERVAL_DK or p.certify_long,
+            check_interval=decisive.dk <= INTERVAL_DK,
         )
         evidence.append(text)
     dk64 = next((s for s in settings if s.dk == 64 and s.lambda0 == 0.1), None)
