@@ -410,7 +410,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--replay",
         default=None,
         metavar="FILE",
-        help="re-run a saved counterexample and re-check it in interval arithmetic",
+        help="re-run a saved counterexample and re-check it in interval arithmetic (float64 "
+        "only where the interval check would cost more than 1e6 multiply-adds)",
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
