@@ -173,3 +173,18 @@ def test_lifted_search_reaches_the_embedded_greedy_and_a_crippled_one_does_not()
         config, LIFT_T, dk, dims=(2,), greedy=False, restarts=1, steps=1, refine_steps=0
     )
     assert weak.value < REACH * known
+
+
+def test_restarts_confined_to_a_subspace_are_searches_there():
+    """restart_dims: a restart confined to the first r coordinates leaves the others zero, and
+    its product is the r-dimensional one."""
+    config = VLAConfig(lambda0=0.1)
+    run = adversary.gradient_search_product(
+        config, 12, 6, restarts=3, steps=5, u_norm=0.125, restart_dims=(2, 2, 2)
+    )
+    assert np.all(run.k[:, 2:] == 0) and np.all(run.u[:, 2:] == 0)
+    _product_class_ok(run, 0.125**2)
+    small = adversary.product_norms(run.k[:, :2], run.u[:, :2], config, "vla")
+    np.testing.assert_allclose(run.values, np.maximum(small, 1.0), rtol=1e-10)
+    with pytest.raises(ValueError, match="restart_dims"):
+        adversary.gradient_search_product(config, 4, 6, restarts=2, restart_dims=(7, 2))

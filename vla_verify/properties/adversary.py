@@ -482,6 +482,7 @@ def gradient_search_product(
     u_norm: float | None = None,
     init: AdversaryRun | None = None,
     init_noise: float = 0.3,
+    restart_dims: tuple[int, ...] | None = None,
 ) -> AdversaryRun:
     """Maximise (or minimise) ``log ||X_1 ⋯ X_T||₂``, ``X_t = I − k̂_t g_tᵀ`` (C4: the linear part
     of ``S_0 ↦ S_T``), over unit keys and penalties with ``||u|| = u_norm`` (None: ``1/√dk``;
@@ -491,7 +492,10 @@ def gradient_search_product(
     throughout), None: all free.  ``init``: a run of length ``T`` at width ``dk`` (e.g.
     :func:`embed`) that the first restart starts from exactly and the others from with Gaussian
     noise of relative size ``init_noise`` (``u_period`` must be None then); the row ``w`` starts
-    at the top left singular vector of its product."""
+    at the top left singular vector of its product.  ``restart_dims``: one width per restart,
+    each restart confined to the first that many coordinates (keys, penalties and the row ``w``
+    zero beyond them; exactly a search at that width, :func:`embed`), so searches in several
+    subspaces run as one batch; ``info["restart_values"]`` holds each restart's best value."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -512,13 +516,21 @@ def gradient_search_product(
         k = k0 + noise * k * (torch.arange(restarts) > 0).to(k.dtype)[:, None, None]
         u_free = u0 + noise * u_free * (torch.arange(restarts) > 0).to(k.dtype)[:, None, None]
         w[:] = torch.from_numpy(_top_left_singular_vector(init.k, init.u, config, variant, u_norm))
+    mask = torch.ones(restarts, dk, dtype=torch.float64)
+    if restart_dims is not None:
+        if len(restart_dims) != restarts or not all(1 <= r <= dk for r in restart_dims):
+            raise VLAInputError(
+                "restart_dims",
+                f"expected {restarts} widths in [1, {dk}], got {restart_dims!r}",
+            )
+        mask = (torch.arange(dk)[None, :] < torch.tensor(restart_dims)[:, None]).to(mask.dtype)
     k.requires_grad_(True)
     u_free.requires_grad_(True)
     w.requires_grad_(True)
     reps = -(-T // P_u)
 
     def tile(x: Any) -> Any:
-        return x.repeat(1, reps, 1)[:, :T]
+        return x.repeat(1, reps, 1)[:, :T] * mask[:, None, :]
 
     v0 = torch.zeros(restarts, T, 1, dtype=torch.float64)
     sign = 1.0 if maximise else -1.0
@@ -526,10 +538,11 @@ def gradient_search_product(
     def log_norm(p: list[Any]) -> Any:
         # Maximising: ||P||₂ = max_w ||wᵀ P|| over unit w, so the row wᵀX_1⋯X_T (O(dk) per
         # step) stands in for the matrix; minimising needs the matrix itself.
-        kh, vv, uu = _torch_project(p[0], v0, tile(p[1]), u_norm)
+        kh, vv, uu = _torch_project(p[0] * mask[:, None, :], v0, tile(p[1]), u_norm)
         _, steps_ = _torch_states(config, variant, kh, vv, uu)
         if maximise:
-            r = p[2] / p[2].norm(dim=-1, keepdim=True)
+            r = p[2] * mask
+            r = r / r.norm(dim=-1, keepdim=True)
             log_scale = torch.zeros(restarts, dtype=torch.float64)
             for X in steps_:
                 r = (r[:, :, None] * X).sum(1)
@@ -549,7 +562,7 @@ def gradient_search_product(
     (best, vals), trace = _ascend([k, u_free, w], lambda p: sign * log_norm(p), steps, lr)
     r = int(torch.argmax(vals))
     with torch.no_grad():
-        kh, _, uu = _torch_project(best[0], v0, tile(best[1]), u_norm)
+        kh, _, uu = _torch_project(best[0] * mask[:, None, :], v0, tile(best[1]), u_norm)
     k_np, u_np = kh[r].numpy().copy(), uu[r].numpy().copy()
     v = np.zeros((T, 1))
     v[:, 0] = 1.0
@@ -564,7 +577,12 @@ def gradient_search_product(
         + ("" if u_period is None else f", u of period {u_period}")
         + ("" if init is None else f", from {init.method}")
         + ")",
-        {"trace": [sign * x for x in trace], "dk": dk, "u_norm": _penalty_norm(dk, u_norm)},
+        {
+            "trace": [sign * x for x in trace],
+            "dk": dk,
+            "u_norm": _penalty_norm(dk, u_norm),
+            "restart_values": np.exp(sign * vals.numpy()).tolist(),
+        },
     )
 
 
@@ -681,38 +699,43 @@ def lifted_search_product(
 
     A large product needs a large condition number of ``A_t`` (``c_t = α̂_tᵀk̂_t`` falls with it),
     which penalties concentrated in a few directions reach; keys need only move in those
-    directions.  So for each ``r`` of ``dims`` (``r < dk``) the gradient search (and, with
-    ``greedy``, the greedy adversary) runs in R^r with the full width's penalty norm
-    (``u_norm``, None: ``1/√dk``) — cheap, so with all of ``steps`` — the best is embedded in
-    R^dk along a random orthonormal basis (:func:`embed`, exact) and seeds the gradient search
-    at the full width (``refine_steps`` Adam steps, ``restarts`` restarts around it).  The run
-    returned is the best of the embedded and the refined inputs; ``info["by_dim"]`` holds the
-    value reached in each subspace."""
+    directions.  So for each ``r`` of ``dims`` (``r < dk``) the gradient search (``restarts``
+    restarts per r, all subspaces in one batch: ``restart_dims`` of
+    :func:`gradient_search_product`) and, with ``greedy``, the greedy adversary run in R^r with
+    the full width's penalty norm (``u_norm``, None: ``1/√dk``) — cheap, so with all of
+    ``steps`` — the best is embedded in R^dk along a random orthonormal basis (:func:`embed`,
+    exact) and seeds the gradient search at the full width (``refine_steps`` Adam steps,
+    ``restarts`` restarts around it).  The run returned is the best of the embedded and the
+    refined inputs; ``info["by_dim"]`` holds the value reached in each subspace."""
     norm = _penalty_norm(dk, u_norm)
-    subs = [r for r in dims if 1 <= r < dk]
+    subs = sorted({r for r in dims if 1 <= r < dk})
     if not subs:
         raise VLAInputError("dims", f"expected a subspace dimension 1 <= r < dk = {dk}, got {dims}")
-    by_dim: dict[int, float] = {}
-    found: list[AdversaryRun] = []
-    for r in subs:
-        runs = [
-            gradient_search_product(
-                config,
-                T,
-                r,
-                variant=variant,
-                restarts=restarts,
-                steps=steps,
-                seed=seed + r,
-                u_norm=norm,
-            )
-        ]
-        if greedy:
-            runs.append(greedy_product_norm(config, T, r, variant=variant, seed=seed, u_norm=norm))
-        best_r = max(runs, key=lambda x: x.value)
-        by_dim[r] = best_r.value
-        found.append(best_r)
+    # One batch for every subspace: restarts confined to the first r coordinates of R^{max r}
+    # are exactly searches in R^r.
+    width = subs[-1]
+    restart_dims = tuple(r for r in subs for _ in range(restarts))
+    batch = gradient_search_product(
+        config,
+        T,
+        width,
+        variant=variant,
+        restarts=len(restart_dims),
+        steps=steps,
+        seed=seed,
+        u_norm=norm,
+        restart_dims=restart_dims,
+    )
+    values = np.asarray(batch.info["restart_values"])
+    by_dim = {r: float(values[np.asarray(restart_dims) == r].max()) for r in subs}
+    found = [batch]
+    if greedy:
+        for r in subs:
+            run_r = greedy_product_norm(config, T, r, variant=variant, seed=seed, u_norm=norm)
+            by_dim[r] = max(by_dim[r], run_r.value)
+            found.append(run_r)
     sub = max(found, key=lambda x: x.value)
+    sub_dim = int(np.flatnonzero(np.abs(sub.k).sum(0) + np.abs(sub.u).sum(0))[-1]) + 1
     basis = subspace_basis(dk, sub.k.shape[1], np.random.default_rng(seed))
     lifted = embed(sub, basis, config, variant)
     runs = [lifted]
@@ -736,10 +759,10 @@ def lifted_search_product(
         "by_dim": by_dim,
         "lifted_value": lifted.value,
         "refined_value": runs[-1].value,
-        "subspace_dim": sub.k.shape[1],
+        "subspace_dim": sub_dim,
     }
     method = (
-        f"subspace-lifted search (r ∈ {subs}; best r = {sub.k.shape[1]}: {sub.method}; "
+        f"subspace-lifted search (r ∈ {subs}; best r = {sub_dim}: {sub.method}; "
         f"embedded in dk = {dk}"
         + (f", refined by {refine_steps} Adam steps at dk = {dk})" if refine_steps else ")")
     )
