@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,11 +330,13 @@ def _torch_project(k: Any, v: Any, u: Any, u_norm: float | None = None) -> tuple
 
 
 def _torch_states(
-    config: VLAConfig, variant: str, k: Any, v: Any, u: Any
+    config: VLAConfig, variant: str, k: Any, v: Any, u: Any, *, factors: bool = False
 ) -> tuple[list[Any], list[Any]]:
     """A lean batched copy of spec §2.3/§2.4 in torch (float64): per step the state ``S``
-    ``[R, dv, dk]`` and the step matrix ``X_t = I − k̂_t g_tᵀ`` ``[R, dk, dk]``.  ``k, v, u``
-    ``[R, T, ·]`` already projected."""
+    ``[R, dv, dk]`` and the step matrix ``X_t = I − k̂_t g_tᵀ`` ``[R, dk, dk]`` — or, with
+    ``factors``, its low-rank part as pairs ``[(a, b), …]`` ``[R, dk]`` with
+    ``X_t = I − Σ a bᵀ`` (a row times ``X_t`` then costs ``O(dk)``, not ``O(dk²)``).  ``k, v,
+    u`` ``[R, T, ·]`` already projected."""
     import torch
 
     R, T, dk = k.shape
@@ -357,11 +360,11 @@ def _torch_states(
         kt, vt, ut = k[:, t - 1], v[:, t - 1], u[:, t - 1]
         if variant == "linear":
             S = S + vt[:, :, None] * kt[:, None, :]
-            X = eye.expand(R, dk, dk)
+            X = [] if factors else eye.expand(R, dk, dk)
         elif variant == "delta":
             e = vt - mv(S, kt)
             S = S + e[:, :, None] * kt[:, None, :]
-            X = eye - kt[:, :, None] * kt[:, None, :]
+            X = [(kt, kt)] if factors else eye - kt[:, :, None] * kt[:, None, :]
         elif variant == "vla":
             A = downdate(A, ut, config.sm_floor)
             if config.nudges_at(t):
@@ -374,7 +377,7 @@ def _torch_states(
             )
             e = vt - mv(S, kt)
             S = S + e[:, :, None] * gate[:, None, :]
-            X = eye - kt[:, :, None] * gate[:, None, :]
+            X = [(kt, gate)] if factors else eye - kt[:, :, None] * gate[:, None, :]
         elif variant == "rls":
             A = downdate(downdate(A, kt, None), ut, config.sm_floor)
             gate = mv(A, kt)
@@ -382,7 +385,11 @@ def _torch_states(
             e = vt - mv(S, kt)
             su = mv(S, ut)
             S = S + e[:, :, None] * gate[:, None, :] - su[:, :, None] * pu[:, None, :]
-            X = eye - kt[:, :, None] * gate[:, None, :] - ut[:, :, None] * pu[:, None, :]
+            X = (
+                [(kt, gate), (ut, pu)]
+                if factors
+                else eye - kt[:, :, None] * gate[:, None, :] - ut[:, :, None] * pu[:, None, :]
+            )
         else:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
         states.append(S)
@@ -390,9 +397,29 @@ def _torch_states(
     return states, steps
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread: the searches' tensors are small (``R·dk²`` elements),
+    and splitting each operation over threads costs more in synchronisation than it saves —
+    an order of magnitude more on a machine whose cores are busy."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _ascend(params: list[Any], objective: Any, steps: int, lr: float) -> tuple[Any, list[float]]:
     """Adam ascent on ``objective(params) -> [R]`` (one value per restart); returns the best
     value per restart seen at any iteration and the trace of the batch's best."""
+    with _one_thread():
+        return _adam(params, objective, steps, lr)
+
+
+def _adam(params: list[Any], objective: Any, steps: int, lr: float) -> tuple[Any, list[float]]:
     import torch
 
     opt = torch.optim.Adam(params, lr=lr)
@@ -539,13 +566,16 @@ def gradient_search_product(
         # Maximising: ||P||₂ = max_w ||wᵀ P|| over unit w, so the row wᵀX_1⋯X_T (O(dk) per
         # step) stands in for the matrix; minimising needs the matrix itself.
         kh, vv, uu = _torch_project(p[0] * mask[:, None, :], v0, tile(p[1]), u_norm)
-        _, steps_ = _torch_states(config, variant, kh, vv, uu)
+        _, steps_ = _torch_states(config, variant, kh, vv, uu, factors=maximise)
         if maximise:
             r = p[2] * mask
             r = r / r.norm(dim=-1, keepdim=True)
             log_scale = torch.zeros(restarts, dtype=torch.float64)
-            for X in steps_:
-                r = (r[:, :, None] * X).sum(1)
+            for pairs in steps_:
+                # wᵀ(I − Σ a bᵀ) = wᵀ − Σ (wᵀa) bᵀ, every wᵀa from the same wᵀ
+                dots = [(r * a).sum(-1, keepdim=True) for a, _ in pairs]
+                for d, (_, b) in zip(dots, pairs, strict=True):
+                    r = r - d * b
                 f = r.norm(dim=-1).clamp_min(1e-300)
                 log_scale = log_scale + torch.log(f)
                 r = r / f[:, None]
