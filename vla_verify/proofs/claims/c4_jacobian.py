@@ -231,7 +231,7 @@ VANISH = 0.1
 #: class is checked against).
 MILLIONS = 1e6
 #: Subspace dimensions of the lifted product search per profile (others: quick's).
-LIFT_DIMS: dict[str, tuple[int, ...]] = {"quick": (2, 4, 8), "thorough": (2, 4, 8, 16, 32)}
+LIFT_DIMS: dict[str, tuple[int, ...]] = {"quick": (2, 4, 8), "thorough": (2, 4, 8, 16)}
 #: Widest head whose product the interval check handles in-run (it costs ~dk³ per step).
 INTERVAL_DK = 8
 
