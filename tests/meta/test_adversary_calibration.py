@@ -102,3 +102,89 @@ def test_fit_exponent_and_rule_from_search():
     rule, fraction = adversary.rule_from_search(run)
     assert fraction == pytest.approx(1.0)
     assert abs(rule.at(3) @ np.array([0.0, 1.0])) == pytest.approx(1 / math.sqrt(2))
+
+
+# -- the subspace-lifted product search -------------------------------------------------------
+
+LIFT_T = 50
+
+
+def _product_class_ok(run: adversary.AdversaryRun, u_sq: float) -> None:
+    assert np.allclose(np.linalg.norm(run.k, axis=1), 1.0, atol=1e-12)
+    assert np.allclose(np.sum(run.u**2, axis=1), u_sq, rtol=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["vla", "rls"])
+def test_embedding_a_subspace_run_is_exact(variant):
+    """Inputs in an r-dimensional subspace act as the identity on its complement, so the product
+    at the full width is max(the subspace's product, 1) at every t, and the class is kept."""
+    rng = np.random.default_rng(3)
+    config = VLAConfig(lambda0=0.1) if variant == "vla" else VLAConfig.exact()
+    T, r, dk = 30, 3, 64
+    k = rng.standard_normal((T, r))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    u = rng.standard_normal((T, r))
+    u /= np.linalg.norm(u, axis=1, keepdims=True) * math.sqrt(dk)  # the full width's class
+    sub = adversary.AdversaryRun(
+        k, np.ones((T, 1)), u, adversary.product_norms(k, u, config, variant), "planted"
+    )
+    lifted = adversary.embed(sub, adversary.subspace_basis(dk, r, rng), config, variant)
+    _product_class_ok(lifted, 1.0 / dk)
+    np.testing.assert_allclose(lifted.values, np.maximum(sub.values, 1.0), rtol=1e-10)
+
+
+@pytest.mark.parametrize("u_norm", [None, 1.0])
+def test_lifted_search_stays_in_the_class(u_norm):
+    """Unit keys and ||u_t|| = 1/√dk at the full width (or the given norm), every step; its
+    figures are the numpy re-measure of its inputs; and it stays below the proven bound."""
+    from vla_verify.proofs.claims.c4_jacobian import product_bound
+
+    config, dk, T = VLAConfig(lambda0=0.1), 64, 20
+    run = adversary.lifted_search_product(
+        config, T, dk, dims=(2, 4), u_norm=u_norm, restarts=2, steps=15, refine_steps=5
+    )
+    u_sq = 1.0 / dk if u_norm is None else u_norm**2
+    assert run.k.shape == run.u.shape == (T, dk)
+    _product_class_ok(run, u_sq)
+    np.testing.assert_allclose(
+        run.values, adversary.product_norms(run.k, run.u, config, "vla"), rtol=1e-10
+    )
+    assert run.value <= product_bound(config, dk, T, u_sq=u_sq)[-1]
+    assert set(run.info["by_dim"]) == {2, 4}
+
+
+def test_lifted_search_reaches_the_embedded_greedy_and_a_crippled_one_does_not():
+    """Known answer: the dk = 2 greedy adversary run with the dk = 64 penalty scale
+    (||u||² = 1/64) reaches a product that embeds exactly into dk = 64.  The lifted gradient
+    search (without the greedy) must reach ≥ 0.95 of it; one Adam step in one subspace and no
+    refinement must not."""
+    config, dk = VLAConfig(lambda0=0.1), 64
+    greedy = adversary.greedy_product_norm(config, LIFT_T, 2, u_norm=1 / math.sqrt(dk))
+    embedded = adversary.embed(
+        greedy, adversary.subspace_basis(dk, 2, np.random.default_rng(0)), config
+    )
+    known = embedded.value
+    assert known == pytest.approx(greedy.value, rel=1e-10) and known > 1.0
+    strong = adversary.lifted_search_product(
+        config, LIFT_T, dk, dims=(2, 4), greedy=False, restarts=4, steps=60, refine_steps=10
+    )
+    assert strong.value >= REACH * known
+    weak = adversary.lifted_search_product(
+        config, LIFT_T, dk, dims=(2,), greedy=False, restarts=1, steps=1, refine_steps=0
+    )
+    assert weak.value < REACH * known
+
+
+def test_restarts_confined_to_a_subspace_are_searches_there():
+    """restart_dims: a restart confined to the first r coordinates leaves the others zero, and
+    its product is the r-dimensional one."""
+    config = VLAConfig(lambda0=0.1)
+    run = adversary.gradient_search_product(
+        config, 12, 6, restarts=3, steps=5, u_norm=0.125, restart_dims=(2, 2, 2)
+    )
+    assert np.all(run.k[:, 2:] == 0) and np.all(run.u[:, 2:] == 0)
+    _product_class_ok(run, 0.125**2)
+    small = adversary.product_norms(run.k[:, :2], run.u[:, :2], config, "vla")
+    np.testing.assert_allclose(run.values, np.maximum(small, 1.0), rtol=1e-10)
+    with pytest.raises(ValueError, match="restart_dims"):
+        adversary.gradient_search_product(config, 4, 6, restarts=2, restart_dims=(7, 2))

@@ -3,7 +3,8 @@
 A claim that bounds a quantity (``sup_t ||S_t||_F`` for C5, ``||J_T ⋯ J_1||₂`` for C4) is only as
 credible as the hardest search it survived.  This module searches inside the claim's constraint
 set — unit keys ``||k̂_t|| = 1``, values ``||v_t|| ≤ 1``, penalties ``||u_t||² = 1/dk`` (spec §2.1,
-§2.5) — in three ways:
+§2.5; the product searches take another penalty norm ``u_norm`` for another input class) — in
+four ways:
 
 - **greedy adaptive adversaries** (:func:`greedy_state_norm`): at each step the next
   ``(k_t, v_t, u_t)`` maximises ``||S_t||_F`` given the current state.  Every variant's step is
@@ -17,6 +18,10 @@ set — unit keys ``||k̂_t|| = 1``, values ``||v_t|| ≤ 1``, penalties ``||u_t
   :func:`gradient_search_product`): PyTorch autograd through a lean copy of the recurrence, the
   free parameters projected onto the constraint set at every evaluation, several restarts run as
   one batch;
+- **subspace-lifted search** (:func:`lifted_search_product`): at a wide head the product
+  searches run in an r-dimensional subspace with the full width's penalty norm (``u_norm``),
+  and the best is embedded into R^dk (:func:`embed`, exact: inputs in a subspace leave its
+  complement alone) to seed the gradient search at the full width;
 - **extension**: what the gradient search finds at a moderate ``T₀`` becomes a rule
   (:func:`rule_from_search`: the penalty's principal direction) that the greedy adversary replays
   at ``10·T₀`` and ``100·T₀``; growth is fitted over all those lengths (:func:`fit_exponent`,
@@ -35,27 +40,33 @@ inside the gradient searches only (``import vla_verify`` does not need it).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..errors import VLAInputError
 from ..spec import VLAConfig
 from .strategies import Case
 
 __all__ = [
     "AdversaryRun",
     "PenaltyRule",
+    "embed",
     "fit_exponent",
     "gradient_search_product",
     "gradient_search_state_norm",
     "greedy_product_norm",
     "greedy_state_norm",
     "known_worst_state_norm",
+    "lifted_search_product",
     "max_rank_one_deviation",
     "product_norms",
     "rule_from_search",
     "running_sup",
+    "subspace_basis",
 ]
 
 VARIANTS = ("linear", "delta", "vla", "rls")
@@ -66,9 +77,10 @@ class AdversaryRun:
     """Inputs found by a search and the quantity they reach.
 
     ``k``: ``[T, dk]`` unit keys; ``v``: ``[T, dv]`` with ``||v_t|| ≤ 1``; ``u``: ``[T, dk]`` with
-    ``||u_t||² = 1/dk``; ``values``: the quantity after each step (``||S_t||_F`` or
-    ``||X_1 ⋯ X_t||₂``), float64 ``[T]``, as the search computed it; ``value``: its figure of
-    merit (the largest of ``values``); ``method``: how the inputs were found.
+    ``||u_t||² = 1/dk`` (or the ``u_norm`` a product search was given); ``values``: the quantity
+    after each step (``||S_t||_F`` or ``||X_1 ⋯ X_t||₂``), float64 ``[T]``, as the search
+    computed it; ``value``: its figure of merit (the largest of ``values``); ``method``: how the
+    inputs were found.
     """
 
     k: np.ndarray
@@ -108,6 +120,16 @@ class AdversaryRun:
 def _unit(x: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.where(n > 0, n, 1.0)
+
+
+def _penalty_norm(dk: int, u_norm: float | None) -> float:
+    """``||u_t||`` of the input class: ``1/√dk`` (spec §2.5, the default) or the given norm,
+    which a subspace search sets to the full width's ``1/√dk``."""
+    if u_norm is None:
+        return 1.0 / math.sqrt(dk)
+    if not (math.isfinite(u_norm) and u_norm > 0):
+        raise VLAInputError("u_norm", f"expected a finite real > 0 or None, got {u_norm!r}")
+    return float(u_norm)
 
 
 def _sphere(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -295,23 +317,26 @@ def greedy_state_norm(
 # -- gradient search over whole sequences (torch) ----------------------------------------------
 
 
-def _torch_project(k: Any, v: Any, u: Any) -> tuple[Any, Any, Any]:
-    """The constraint set: unit keys, ``||v|| ≤ 1``, ``||u||² = 1/dk``."""
+def _torch_project(k: Any, v: Any, u: Any, u_norm: float | None = None) -> tuple[Any, Any, Any]:
+    """The constraint set: unit keys, ``||v|| ≤ 1``, ``||u|| = u_norm`` (None: ``1/√dk``)."""
     import torch
 
     dk = k.shape[-1]
+    scale = _penalty_norm(dk, u_norm)
     kh = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     vv = v / torch.clamp(v.norm(dim=-1, keepdim=True), min=1.0)
-    uu = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12) / math.sqrt(dk)
+    uu = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12) * scale
     return kh, vv, uu
 
 
 def _torch_states(
-    config: VLAConfig, variant: str, k: Any, v: Any, u: Any
+    config: VLAConfig, variant: str, k: Any, v: Any, u: Any, *, factors: bool = False
 ) -> tuple[list[Any], list[Any]]:
     """A lean batched copy of spec §2.3/§2.4 in torch (float64): per step the state ``S``
-    ``[R, dv, dk]`` and the step matrix ``X_t = I − k̂_t g_tᵀ`` ``[R, dk, dk]``.  ``k, v, u``
-    ``[R, T, ·]`` already projected."""
+    ``[R, dv, dk]`` and the step matrix ``X_t = I − k̂_t g_tᵀ`` ``[R, dk, dk]`` — or, with
+    ``factors``, its low-rank part as pairs ``[(a, b), …]`` ``[R, dk]`` with
+    ``X_t = I − Σ a bᵀ`` (a row times ``X_t`` then costs ``O(dk)``, not ``O(dk²)``).  ``k, v,
+    u`` ``[R, T, ·]`` already projected."""
     import torch
 
     R, T, dk = k.shape
@@ -335,11 +360,11 @@ def _torch_states(
         kt, vt, ut = k[:, t - 1], v[:, t - 1], u[:, t - 1]
         if variant == "linear":
             S = S + vt[:, :, None] * kt[:, None, :]
-            X = eye.expand(R, dk, dk)
+            X = [] if factors else eye.expand(R, dk, dk)
         elif variant == "delta":
             e = vt - mv(S, kt)
             S = S + e[:, :, None] * kt[:, None, :]
-            X = eye - kt[:, :, None] * kt[:, None, :]
+            X = [(kt, kt)] if factors else eye - kt[:, :, None] * kt[:, None, :]
         elif variant == "vla":
             A = downdate(A, ut, config.sm_floor)
             if config.nudges_at(t):
@@ -352,7 +377,7 @@ def _torch_states(
             )
             e = vt - mv(S, kt)
             S = S + e[:, :, None] * gate[:, None, :]
-            X = eye - kt[:, :, None] * gate[:, None, :]
+            X = [(kt, gate)] if factors else eye - kt[:, :, None] * gate[:, None, :]
         elif variant == "rls":
             A = downdate(downdate(A, kt, None), ut, config.sm_floor)
             gate = mv(A, kt)
@@ -360,7 +385,11 @@ def _torch_states(
             e = vt - mv(S, kt)
             su = mv(S, ut)
             S = S + e[:, :, None] * gate[:, None, :] - su[:, :, None] * pu[:, None, :]
-            X = eye - kt[:, :, None] * gate[:, None, :] - ut[:, :, None] * pu[:, None, :]
+            X = (
+                [(kt, gate), (ut, pu)]
+                if factors
+                else eye - kt[:, :, None] * gate[:, None, :] - ut[:, :, None] * pu[:, None, :]
+            )
         else:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
         states.append(S)
@@ -368,9 +397,29 @@ def _torch_states(
     return states, steps
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread: the searches' tensors are small (``R·dk²`` elements),
+    and splitting each operation over threads costs more in synchronisation than it saves —
+    an order of magnitude more on a machine whose cores are busy."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _ascend(params: list[Any], objective: Any, steps: int, lr: float) -> tuple[Any, list[float]]:
     """Adam ascent on ``objective(params) -> [R]`` (one value per restart); returns the best
     value per restart seen at any iteration and the trace of the batch's best."""
+    with _one_thread():
+        return _adam(params, objective, steps, lr)
+
+
+def _adam(params: list[Any], objective: Any, steps: int, lr: float) -> tuple[Any, list[float]]:
     import torch
 
     opt = torch.optim.Adam(params, lr=lr)
@@ -457,38 +506,76 @@ def gradient_search_product(
     lr: float = 0.05,
     seed: int = 0,
     u_period: int | None = None,
+    u_norm: float | None = None,
+    init: AdversaryRun | None = None,
+    init_noise: float = 0.3,
+    restart_dims: tuple[int, ...] | None = None,
 ) -> AdversaryRun:
     """Maximise (or minimise) ``log ||X_1 ⋯ X_T||₂``, ``X_t = I − k̂_t g_tᵀ`` (C4: the linear part
-    of ``S_0 ↦ S_T``), over unit keys and penalties with ``||u||² = 1/dk`` (values do not enter
-    the product; the returned ``v`` is ``e_1``).  ``values``: ``||X_1 ⋯ X_t||₂`` for every t of
-    the best restart.  ``u_period``: search penalties of that period only (a periodic pattern,
-    ``u_t = u_{t mod P}``; period 1 penalises one direction throughout), None: all free."""
+    of ``S_0 ↦ S_T``), over unit keys and penalties with ``||u|| = u_norm`` (None: ``1/√dk``;
+    values do not enter the product; the returned ``v`` is ``e_1``).  ``values``:
+    ``||X_1 ⋯ X_t||₂`` for every t of the best restart.  ``u_period``: search penalties of that
+    period only (a periodic pattern, ``u_t = u_{t mod P}``; period 1 penalises one direction
+    throughout), None: all free.  ``init``: a run of length ``T`` at width ``dk`` (e.g.
+    :func:`embed`) that the first restart starts from exactly and the others from with Gaussian
+    noise of relative size ``init_noise`` (``u_period`` must be None then); the row ``w`` starts
+    at the top left singular vector of its product.  ``restart_dims``: one width per restart,
+    each restart confined to the first that many coordinates (keys, penalties and the row ``w``
+    zero beyond them; exactly a search at that width, :func:`embed`), so searches in several
+    subspaces run as one batch; ``info["restart_values"]`` holds each restart's best value."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    k = torch.randn(restarts, T, dk, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(restarts, T, dk, generator=g, dtype=torch.float64)
     P_u = T if u_period is None else u_period
-    u_free = torch.randn(restarts, P_u, dk, generator=g, dtype=torch.float64, requires_grad=True)
+    u_free = torch.randn(restarts, P_u, dk, generator=g, dtype=torch.float64)
+    w = torch.randn(restarts, dk, generator=g, dtype=torch.float64)
+    if init is not None:
+        if init.k.shape != (T, dk) or init.u.shape != (T, dk) or u_period is not None:
+            raise VLAInputError(
+                "init",
+                f"expected a run of shape ({T}, {dk}) and u_period None, got {init.k.shape} "
+                f"(u_period {u_period!r})",
+            )
+        k0 = torch.from_numpy(_unit(init.k))
+        u0 = torch.from_numpy(_unit(init.u))
+        noise = init_noise / math.sqrt(dk)
+        k = k0 + noise * k * (torch.arange(restarts) > 0).to(k.dtype)[:, None, None]
+        u_free = u0 + noise * u_free * (torch.arange(restarts) > 0).to(k.dtype)[:, None, None]
+        w[:] = torch.from_numpy(_top_left_singular_vector(init.k, init.u, config, variant, u_norm))
+    mask = torch.ones(restarts, dk, dtype=torch.float64)
+    if restart_dims is not None:
+        if len(restart_dims) != restarts or not all(1 <= r <= dk for r in restart_dims):
+            raise VLAInputError(
+                "restart_dims",
+                f"expected {restarts} widths in [1, {dk}], got {restart_dims!r}",
+            )
+        mask = (torch.arange(dk)[None, :] < torch.tensor(restart_dims)[:, None]).to(mask.dtype)
+    k.requires_grad_(True)
+    u_free.requires_grad_(True)
+    w.requires_grad_(True)
     reps = -(-T // P_u)
 
     def tile(x: Any) -> Any:
-        return x.repeat(1, reps, 1)[:, :T]
+        return x.repeat(1, reps, 1)[:, :T] * mask[:, None, :]
 
     v0 = torch.zeros(restarts, T, 1, dtype=torch.float64)
     sign = 1.0 if maximise else -1.0
 
-    w = torch.randn(restarts, dk, generator=g, dtype=torch.float64, requires_grad=True)
-
     def log_norm(p: list[Any]) -> Any:
         # Maximising: ||P||₂ = max_w ||wᵀ P|| over unit w, so the row wᵀX_1⋯X_T (O(dk) per
         # step) stands in for the matrix; minimising needs the matrix itself.
-        kh, vv, uu = _torch_project(p[0], v0, tile(p[1]))
-        _, steps_ = _torch_states(config, variant, kh, vv, uu)
+        kh, vv, uu = _torch_project(p[0] * mask[:, None, :], v0, tile(p[1]), u_norm)
+        _, steps_ = _torch_states(config, variant, kh, vv, uu, factors=maximise)
         if maximise:
-            r = p[2] / p[2].norm(dim=-1, keepdim=True)
+            r = p[2] * mask
+            r = r / r.norm(dim=-1, keepdim=True)
             log_scale = torch.zeros(restarts, dtype=torch.float64)
-            for X in steps_:
-                r = (r[:, :, None] * X).sum(1)
+            for pairs in steps_:
+                # wᵀ(I − Σ a bᵀ) = wᵀ − Σ (wᵀa) bᵀ, every wᵀa from the same wᵀ
+                dots = [(r * a).sum(-1, keepdim=True) for a, _ in pairs]
+                for d, (_, b) in zip(dots, pairs, strict=True):
+                    r = r - d * b
                 f = r.norm(dim=-1).clamp_min(1e-300)
                 log_scale = log_scale + torch.log(f)
                 r = r / f[:, None]
@@ -505,7 +592,7 @@ def gradient_search_product(
     (best, vals), trace = _ascend([k, u_free, w], lambda p: sign * log_norm(p), steps, lr)
     r = int(torch.argmax(vals))
     with torch.no_grad():
-        kh, _, uu = _torch_project(best[0], v0, tile(best[1]))
+        kh, _, uu = _torch_project(best[0] * mask[:, None, :], v0, tile(best[1]), u_norm)
     k_np, u_np = kh[r].numpy().copy(), uu[r].numpy().copy()
     v = np.zeros((T, 1))
     v[:, 0] = 1.0
@@ -516,8 +603,16 @@ def gradient_search_product(
         u_np,
         product_norms(k_np, u_np, config, variant),
         f"gradient search ({word} ||X_1⋯X_T||₂), {variant} ({restarts} restarts × {steps} "
-        "Adam steps" + ("" if u_period is None else f", u of period {u_period}") + ")",
-        {"trace": [sign * x for x in trace], "dk": dk},
+        "Adam steps"
+        + ("" if u_period is None else f", u of period {u_period}")
+        + ("" if init is None else f", from {init.method}")
+        + ")",
+        {
+            "trace": [sign * x for x in trace],
+            "dk": dk,
+            "u_norm": _penalty_norm(dk, u_norm),
+            "restart_values": np.exp(sign * vals.numpy()).tolist(),
+        },
     )
 
 
@@ -530,17 +625,18 @@ def greedy_product_norm(
     candidates: int = 64,
     refinements: int = 3,
     seed: int = 0,
+    u_norm: float | None = None,
 ) -> AdversaryRun:
     """The greedy adaptive adversary for ``||X_1 ⋯ X_t||₂``: at each step the ``(k̂_t, u_t)``
     among random candidates (and refinements around the best) that maximises the norm of the
-    product so far times the new step matrix."""
+    product so far times the new step matrix; ``||u_t|| = u_norm`` (None: ``1/√dk``)."""
     rng = np.random.default_rng(seed)
     A = np.eye(dk) / config.lambda0
     P = np.eye(dk)
     log_scale = 0.0
     ks, us, vals = np.empty((T, dk)), np.empty((T, dk)), np.empty(T)
     S_dummy = np.zeros((1, dk))
-    inv_sqrt = 1.0 / math.sqrt(dk)
+    inv_sqrt = _penalty_norm(dk, u_norm)
     for t in range(1, T + 1):
         K = _sphere(rng, candidates, dk)
         U = _sphere(rng, candidates, dk) * inv_sqrt
@@ -570,7 +666,150 @@ def greedy_product_norm(
         vals[t - 1] = math.exp(log_scale) * float(np.linalg.norm(P, 2))
     v = np.zeros((T, 1))
     v[:, 0] = 1.0
-    return AdversaryRun(ks, v, us, vals, f"greedy ||X_1⋯X_t||₂, {variant}", {"dk": dk})
+    return AdversaryRun(
+        ks, v, us, vals, f"greedy ||X_1⋯X_t||₂, {variant}", {"dk": dk, "u_norm": inv_sqrt}
+    )
+
+
+# -- subspace-lifted search --------------------------------------------------------------------
+
+
+def subspace_basis(dk: int, r: int, rng: np.random.Generator) -> np.ndarray:
+    """A random orthonormal basis ``Q`` ``[dk, r]`` (``QᵀQ = I_r``) of an r-dimensional
+    subspace of R^dk (QR of a Gaussian matrix)."""
+    if not 1 <= r <= dk:
+        raise VLAInputError("r", f"expected 1 <= r <= dk = {dk}, got {r}")
+    q, _ = np.linalg.qr(rng.standard_normal((dk, r)))
+    return q
+
+
+def embed(
+    run: AdversaryRun, basis: np.ndarray, config: VLAConfig, variant: str = "vla"
+) -> AdversaryRun:
+    """A product search's run at width r carried into R^dk by ``basis`` ``[dk, r]``
+    (orthonormal columns): ``k_t ↦ Q k_t``, ``u_t ↦ Q u_t``.
+
+    Norms are kept, so unit keys stay unit and ``||u_t||`` stays what the run used (the class's
+    norm at the full width when the run was searched with ``u_norm`` set to it).  The embedding
+    is exact: ``A_0 = I/λ0`` and penalties in ``range(Q)`` give ``A_t = Q A_t^{(r)} Qᵀ + c_t
+    (I − QQᵀ)`` (the nudges add ``η I`` to both parts), so ``α_t = Q α_t^{(r)}``,
+    ``X_t = Q X_t^{(r)} Qᵀ + (I − QQᵀ)`` and ``||X_1 ⋯ X_t||₂ = max(||X_1^{(r)} ⋯ X_t^{(r)}||₂,
+    1)``.  ``values`` are re-measured at the full width (:func:`product_norms`)."""
+    dk, r = basis.shape
+    if run.k.shape[1] != r or run.u.shape[1] != r:
+        raise VLAInputError("basis", f"expected {run.k.shape[1]} columns, got shape {basis.shape}")
+    if not np.allclose(basis.T @ basis, np.eye(r), atol=1e-12):
+        raise VLAInputError("basis", "expected orthonormal columns (QᵀQ = I)")
+    k, u = run.k @ basis.T, run.u @ basis.T
+    return AdversaryRun(
+        k,
+        run.v.copy(),
+        u,
+        product_norms(k, u, config, variant),
+        f"{run.method}, embedded in dk = {dk}",
+        {**run.info, "dk": dk, "subspace_dim": r},
+    )
+
+
+def lifted_search_product(
+    config: VLAConfig,
+    T: int,
+    dk: int,
+    *,
+    dims: tuple[int, ...] = (2, 4, 8),
+    variant: str = "vla",
+    u_norm: float | None = None,
+    restarts: int = 4,
+    steps: int = 60,
+    refine_steps: int = 12,
+    greedy: bool = True,
+    seed: int = 0,
+) -> AdversaryRun:
+    """The subspace-lifted adversary for ``||X_1 ⋯ X_T||₂`` at width ``dk``.
+
+    A large product needs a large condition number of ``A_t`` (``c_t = α̂_tᵀk̂_t`` falls with it),
+    which penalties concentrated in a few directions reach; keys need only move in those
+    directions.  So for each ``r`` of ``dims`` (``r < dk``) the gradient search (``restarts``
+    restarts per r, all subspaces in one batch: ``restart_dims`` of
+    :func:`gradient_search_product`) and, with ``greedy``, the greedy adversary run in R^r with
+    the full width's penalty norm (``u_norm``, None: ``1/√dk``) — cheap, so with all of
+    ``steps`` — the best is embedded in R^dk along a random orthonormal basis (:func:`embed`,
+    exact) and seeds the gradient search at the full width (``refine_steps`` Adam steps,
+    ``restarts`` restarts around it).  The run returned is the best of the embedded and the
+    refined inputs; ``info["by_dim"]`` holds the value reached in each subspace."""
+    norm = _penalty_norm(dk, u_norm)
+    subs = sorted({r for r in dims if 1 <= r < dk})
+    if not subs:
+        raise VLAInputError("dims", f"expected a subspace dimension 1 <= r < dk = {dk}, got {dims}")
+    # One batch for every subspace: restarts confined to the first r coordinates of R^{max r}
+    # are exactly searches in R^r.
+    width = subs[-1]
+    restart_dims = tuple(r for r in subs for _ in range(restarts))
+    batch = gradient_search_product(
+        config,
+        T,
+        width,
+        variant=variant,
+        restarts=len(restart_dims),
+        steps=steps,
+        seed=seed,
+        u_norm=norm,
+        restart_dims=restart_dims,
+    )
+    values = np.asarray(batch.info["restart_values"])
+    by_dim = {r: float(values[np.asarray(restart_dims) == r].max()) for r in subs}
+    found = [batch]
+    if greedy:
+        for r in subs:
+            run_r = greedy_product_norm(config, T, r, variant=variant, seed=seed, u_norm=norm)
+            by_dim[r] = max(by_dim[r], run_r.value)
+            found.append(run_r)
+    sub = max(found, key=lambda x: x.value)
+    sub_dim = int(np.flatnonzero(np.abs(sub.k).sum(0) + np.abs(sub.u).sum(0))[-1]) + 1
+    basis = subspace_basis(dk, sub.k.shape[1], np.random.default_rng(seed))
+    lifted = embed(sub, basis, config, variant)
+    runs = [lifted]
+    if refine_steps > 0:
+        runs.append(
+            gradient_search_product(
+                config,
+                T,
+                dk,
+                variant=variant,
+                restarts=restarts,
+                steps=refine_steps,
+                seed=seed,
+                u_norm=norm,
+                init=lifted,
+            )
+        )
+    best = max(runs, key=lambda x: x.value)
+    info = {
+        **best.info,
+        "by_dim": by_dim,
+        "lifted_value": lifted.value,
+        "refined_value": runs[-1].value,
+        "subspace_dim": sub_dim,
+    }
+    method = (
+        f"subspace-lifted search (r ∈ {subs}; best r = {sub_dim}: {sub.method}; "
+        f"embedded in dk = {dk}"
+        + (f", refined by {refine_steps} Adam steps at dk = {dk})" if refine_steps else ")")
+    )
+    return AdversaryRun(best.k, best.v, best.u, best.values, method, info)
+
+
+def _top_left_singular_vector(
+    k: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str, u_norm: float | None
+) -> np.ndarray:
+    """The unit row ``w`` maximising ``||wᵀ X_1 ⋯ X_T||`` for the inputs ``k, u`` ``[T, dk]``
+    (penalties rescaled to ``||u|| = u_norm``, None: ``1/√dk``)."""
+    dk = k.shape[1]
+    P = np.eye(dk)
+    for X in _step_matrices(_unit(k), _unit(u) * _penalty_norm(dk, u_norm), config, variant):
+        P = P @ X
+        P = P / max(float(np.linalg.norm(P)), 1e-300)
+    return np.linalg.svd(P)[0][:, 0]
 
 
 # -- extension, fits, calibration problems -----------------------------------------------------
@@ -640,14 +879,13 @@ def max_rank_one_deviation(
     return float(vals.max())
 
 
-def product_norms(k: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str) -> np.ndarray:
-    """``||X_1 ⋯ X_t||₂`` for every t (numpy, rescaled products) from the greedy's step
-    matrices — a cross-check of a search's own figures."""
+def _step_matrices(
+    k: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str
+) -> Iterator[np.ndarray]:
+    """The step matrices ``X_t`` ``[dk, dk]`` of the inputs ``k, u`` ``[T, dk]``, one per t
+    (numpy, spec §2.3/§2.4; the greedy's step)."""
     T, dk = k.shape
     A = np.eye(dk) / config.lambda0
-    P = np.eye(dk)
-    log_scale = 0.0
-    out = np.empty(T)
     for t in range(1, T + 1):
         step = slice(t - 1, t)
         _, g, A_new = _candidate_steps(variant, np.zeros((1, dk)), A, k[step], u[step], t, config)
@@ -655,6 +893,17 @@ def product_norms(k: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str)
         if variant == "rls":
             X = X - np.outer(u[t - 1], A_new[0] @ u[t - 1])
         A = A_new[0]
+        yield X
+
+
+def product_norms(k: np.ndarray, u: np.ndarray, config: VLAConfig, variant: str) -> np.ndarray:
+    """``||X_1 ⋯ X_t||₂`` for every t (numpy, rescaled products) from the greedy's step
+    matrices — a cross-check of a search's own figures."""
+    T, dk = k.shape
+    P = np.eye(dk)
+    log_scale = 0.0
+    out = np.empty(T)
+    for t, X in enumerate(_step_matrices(k, u, config, variant), start=1):
         P = P @ X
         f = float(np.linalg.norm(P))
         log_scale += math.log(f) if f > 0 else -math.inf
