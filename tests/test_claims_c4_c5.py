@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 from claims_support import TINY, tiny_context
 
+# The adversary engine differentiates through the recurrence with PyTorch.
+pytest.importorskip("torch")
+
 from vla_verify.proofs.claims import c4_jacobian, c5_bounded_state
 from vla_verify.proofs.ledger import Verdict
 from vla_verify.properties import invariants

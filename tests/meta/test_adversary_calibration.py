@@ -16,6 +16,9 @@ import math
 import numpy as np
 import pytest
 
+# The adversary engine differentiates through the recurrence with PyTorch.
+pytest.importorskip("torch")
+
 from vla_verify.properties import adversary
 from vla_verify.spec import VLAConfig
 
