@@ -1,6 +1,6 @@
 """GPU checks before a grid: the kernels the experiments train with agree with the references.
 
-1. fla's ``chunk_delta_rule`` (``scale=1``) against :func:`gated_delta_rule` (float32 and a
+1. fla's ``fused_recurrent_delta_rule`` (``scale=1``) against :func:`gated_delta_rule` (float32 and a
    float64 reference): outputs and the gradients of q, k, v, β.
 2. A VLA backbone on ``triton_fused`` against the same weights on the ``torch`` backend: logits
    and every parameter's gradient.
@@ -34,7 +34,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check_fla(T: int = 256) -> dict:
-    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.delta_rule import fused_recurrent_delta_rule
 
     g = torch.Generator(device="cuda").manual_seed(0)
     shape = (4, T, 4, 32)
@@ -45,7 +45,7 @@ def check_fla(T: int = 256) -> dict:
     o_ref, _ = gated_delta_rule(*inputs)
     o_ref.square().sum().backward()
     fla_in = [x.detach().float().requires_grad_() for x in inputs]
-    o_fla, _ = chunk_delta_rule(*fla_in, scale=1.0)
+    o_fla, _ = fused_recurrent_delta_rule(*fla_in, scale=1.0)
     o_fla.square().sum().backward()
     out = {"o": rel(o_fla.double(), o_ref.detach())}
     for name, a, b in zip("qkvb", fla_in, inputs, strict=True):

@@ -21,7 +21,8 @@ Mixers (:data:`MIXERS`):
   ``β_t = sigmoid(W_β x_t)`` per head, ``S_t = S_{t-1} + β_t (v_t − S_{t-1} k_t) k_tᵀ``,
   ``o_t = S_t q_t`` (no z read-out).  The repository's ``delta`` variant has β = 1 only, so the
   β-gated rule is written here (:func:`gated_delta_rule`); on CUDA, when flash-linear-attention
-  is installed, its ``chunk_delta_rule`` kernel computes the same thing (``scale=1``);
+  is installed, its ``fused_recurrent_delta_rule`` kernel computes the same thing (``scale=1``)
+  in float32, as the other mixers train (fla's ``chunk_delta_rule`` refuses float32);
 - ``softmax`` — causal scaled-dot-product attention on the raw projections ``W_q x``, ``W_k x``
   (the standard transformer; φ would only restrict its scores).
 
@@ -142,12 +143,13 @@ def gated_delta_rule(
 
 
 def _fla_delta_rule() -> Any:
-    """fla's ``chunk_delta_rule``, or None when flash-linear-attention is not installed."""
+    """fla's ``fused_recurrent_delta_rule`` (float32 in and out, forward and backward), or None
+    when flash-linear-attention is not installed."""
     try:
-        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.delta_rule import fused_recurrent_delta_rule
     except ImportError:
         return None
-    return chunk_delta_rule
+    return fused_recurrent_delta_rule
 
 
 class AttentionLayer(nn.Module):
@@ -187,7 +189,7 @@ class AttentionLayer(nn.Module):
         if self._backend is not None:
             return self._backend.name
         if self.mixer == "deltanet":
-            return "fla.chunk_delta_rule" if self._fla is not None else "gated_delta_rule"
+            return "fla.fused_recurrent_delta_rule" if self._fla is not None else "gated_delta_rule"
         return "sdpa"
 
     @classmethod
