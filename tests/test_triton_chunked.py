@@ -148,6 +148,83 @@ def test_gradients_match_torch_chunked_in_float64() -> None:
         assert np.max(np.abs(g - r)) <= budget
 
 
+@pytest.mark.parametrize(
+    ("period", "start", "block", "T", "scale"),
+    [(20, 0, 32, 200, 1.0), (20, 7, 48, 150, 4.0), (3, 2, 16, 100, 1.0), (1, 0, 16, 64, 1.0),
+     (None, 0, 32, 130, 1.0), (50, 13, 64, 300, 1.0)],
+)  # fmt: skip
+def test_penalty_block_starts_match_the_recurrence(period, start, block, T, scale) -> None:
+    """The block-start penalties (linear-fractional block matrices, one solve per block) equal
+    the float64 oracle's ``A`` after every block, to float64 rounding; the nudge clock shifted
+    by one step moves them far outside that (the check can fail)."""
+    (q, k, v, u), _ = _inputs(T, 8, 4, seed=T)
+    u = u * scale
+    config = VLAConfig(nudge_period=period)
+    BH, dk = 2, 8
+    u_t = torch.tensor(u).permute(0, 2, 1, 3).reshape(BH, T, dk)
+    A0 = (torch.eye(dk, dtype=torch.float64) / config.lambda0).expand(BH, dk, dk)
+
+    def worst(clock: int) -> float:
+        got = tc.penalty_block_starts(
+            u_t, A0, start=clock, nudge_period=period, nudge_eta=config.nudge_eta, block=block
+        )
+        err = 0.0
+        for b in range(1, got.shape[1]):
+            t = b * block
+            A = recurrence(q[:, :t], k[:, :t], v[:, :t], u[:, :t], config=config, start=start)
+            ref = A.state[1].reshape(BH, dk, dk)
+            err = max(err, float(np.abs(got[:, b].numpy() - ref).max() / np.abs(ref).max()))
+        return err
+
+    assert worst(start) < 1e-13
+    if period is not None and period > 1:  # every step nudges at period 1: no clock to shift
+        assert worst(start + 1) > 1e-6
+
+
+@pytest.mark.parametrize(
+    ("config", "start", "state"),
+    [(PAPER, 0, False), (STRONG_NUDGE, 7, True), (VLAConfig.exact(), 3, True)],
+    ids=["paper", "nudge-start7-state", "exact-state"],
+)
+def test_blocked_penalty_chain_matches_the_oracle(config, start, state) -> None:
+    """Blocks of 16 tokens (five blocks at T = 70), each from its computed start penalty."""
+    inputs, initial = _inputs(70, 8, 8, seed=3, state=state)
+
+    def blocked(*args, **kwargs):
+        return tc.chunked_vla(*args, chunk_size=16, penalty_block=16, **kwargs)
+
+    assert _outside_budget(blocked, inputs, initial, config, start, 16) == []
+
+
+def test_block_starts_without_nudges_is_rejected() -> None:
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+
+    def planted(*args, **kwargs):
+        return tc.chunked_vla(
+            *args, chunk_size=16, penalty_block=16, planted_bug="block_starts_without_nudges",
+            **kwargs,
+        )  # fmt: skip
+
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) != []
+
+
+def test_indefinite_initial_penalty_runs_one_block() -> None:
+    """An indefinite initial ``A`` can floor a denominator, which block starts cannot express:
+    the chain then runs in one block, so any ``penalty_block`` gives the one-block result."""
+    inputs, initial = _inputs(40, 8, 8, seed=4, state=True)
+    S, _, z = (torch.tensor(x, dtype=torch.float32) for x in initial)
+    A = 10 * torch.eye(8).expand(1, 2, 8, 8).clone()
+    A[..., 0, 0] = -0.5  # one negative eigenvalue; 1 + uᵀAu stays near 1 (finite outputs)
+    state = (S, A, z)
+    t = [torch.tensor(x, dtype=torch.float32) for x in inputs]
+    outs = [
+        tc.chunked_vla(*t, initial_state=state, chunk_size=16, penalty_block=block)
+        for block in (16, 48)
+    ]
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1][1], outs[1][1][1])
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(UnsupportedConfigurationError) as info:
         backends.get("triton_chunked", chunk_size=48)
@@ -156,6 +233,10 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(UnsupportedConfigurationError) as info:
         tc.chunked_vla(x, x, x, x, input_precision="fast")
     assert info.value.argument == "input_precision"
+    for block in (8, 24, True):
+        with pytest.raises(UnsupportedConfigurationError) as info:
+            tc.chunked_vla(x, x, x, x, penalty_block=block)
+        assert info.value.argument == "penalty_block"
     bad = x.clone()
     bad[0, 2, 0, 1] = float("nan")
     with pytest.raises(NonFiniteError) as info:

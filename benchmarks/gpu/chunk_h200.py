@@ -41,7 +41,7 @@ RUN: dict[str, Any] = {
     "grid_Ds": (64, 128),
     "grid_Ts": (1024, 4096, 16384, 65536),
     "grid_H": 16,
-    "variant_T": 4096,
+    "variant_T": 16384,
     "overhead_T": 1024,
 }
 SMOKE = {
@@ -91,12 +91,16 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
     for dtype, name, config, dk in plan:
         t0 = time.time()
         try:
+            # The checker's default reach (lengths to 640 at tile and chunk boundaries, B·H
+            # to 6) at key widths up to dk; the smoke run keeps toy sizes.
+            reach: dict[str, Any] = (
+                {"bounds": ShapeBounds(max_B=1, max_H=2, max_T=RUN["validate_T"], max_dk=dk,
+                                       max_dv=dk)}
+                if RUN["smoke"] else {"max_dk": dk}
+            )  # fmt: skip
             rep = validate(
                 be, config=config, array="torch", dtype=dtype, device=RUN["device"],
-                max_examples=1 if RUN["smoke"] else 2 if quick else 6, seed=dk,
-                bounds=ShapeBounds(
-                    max_B=1, max_H=2, max_T=RUN["validate_T"], max_dk=dk, max_dv=dk
-                ),
+                max_examples=1 if RUN["smoke"] else 2 if quick else 6, seed=dk, **reach,
             )  # fmt: skip
             res[f"validate_{dtype}_{name}_dk{dk}"] = {
                 "passed": rep.passed, "examples": rep.examples,
@@ -250,11 +254,11 @@ def _grid_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
     return fns
 
 
-def _variant(x: dict[str, Any], cfg: Any, pc: int, pd: str) -> Any:
+def _variant(x: dict[str, Any], cfg: Any, block: int | None) -> Any:
     from vla_verify.backends.triton_chunked import chunked_vla
 
     q, k, v, u = (x[n] for n in "qkvu")
-    return lambda: chunked_vla(q, k, v, u, config=cfg, penalty_chunk=pc, penalty_dtype=pd)[0]
+    return lambda: chunked_vla(q, k, v, u, config=cfg, penalty_block=block)[0]
 
 
 def timing(out: dict[str, Any], quick: bool) -> None:
@@ -290,20 +294,24 @@ def timing(out: dict[str, Any], quick: bool) -> None:
             del x, fns
             torch.cuda.empty_cache()
 
-    # Variants of the penalty chain and the kernel breakdown at T = 4096.
+    # Penalty-chain blocks (the default, and fixed lengths; one block of T tokens is the chain
+    # in one pass) and the kernel breakdown at variant_T.
+    from vla_verify.backends.triton_chunked import penalty_block_length
+
     var = out["variants"]
     VT = RUN["variant_T"]
     for D in RUN["grid_Ds"]:
         x = _inputs(1, VT, H, D, dt, dev)
         q, k, v, u = (x[n] for n in "qkvu")
-        for pc, pd in ((32, "float32"), (16, "float64"), (64, "float64")):
+        for block in (None, 128, 512, 1024, 16 * -(-VT // 16)):
             try:
-                ms = time_ms(_variant(x, cfg, pc, pd), device=dev)
-                var.append({"D": D, "T": VT, "penalty_chunk": pc, "penalty_dtype": pd,
+                ms = time_ms(_variant(x, cfg, block), device=dev)
+                var.append({"D": D, "T": VT, "penalty_block": block,
+                            "block_tokens": penalty_block_length(VT, 16, block),
                             "median_ms": ms})  # fmt: skip
                 _log(var[-1])
             except Exception as exc:
-                _log("variant failed", D, pc, pd, repr(exc))
+                _log("variant failed", D, block, repr(exc))
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -595,6 +603,11 @@ def main() -> None:
     )
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument(
+        "--quick-correctness",
+        action="store_true",
+        help="the quick correctness steps, then the whole grid (T to 65536)",
+    )
+    ap.add_argument(
         "--compile-check", action="store_true", help="first build every kernel configuration"
     )
     a = ap.parse_args()
@@ -610,7 +623,7 @@ def main() -> None:
 
     def full() -> None:
         if not a.skip_correctness:
-            correctness(out, a.quick)
+            correctness(out, a.quick or a.quick_correctness)
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
         timing(out, a.quick)

@@ -7,10 +7,11 @@
   option ``chunk_size`` (so :func:`vla_verify.validate` uses the chunked floor of
   :mod:`vla_verify.error_model`).
 
-The forward is three Triton launches (:mod:`.triton_chunked_kernels`): the inter-chunk penalty
-chain (Woodbury/LDLᵀ per chunk of ``penalty_chunk`` tokens, nudges inside a chunk through the
-isotropic shift ``A = B + c·I``), the per-chunk UT transform of the state chain, and the
-inter-chunk state recurrence with the read-out.  Every nudge period and every ``start`` runs
+The forward is three Triton launches (:mod:`.triton_chunked_kernels`): the penalty chain
+(Woodbury/LDLᵀ per chunk of ``penalty_chunk`` tokens, nudges inside a chunk through the
+isotropic shift ``A = B + c·I``), run in parallel over blocks of ``penalty_block`` tokens from
+block-start penalties computed by :func:`penalty_block_starts`; the per-chunk UT transform of
+the state chain; and the inter-chunk state recurrence with the read-out.  Every nudge period and every ``start`` runs
 exactly (spec §2.3: the nudge fires after step t of the call when ``(start + t) % nudge_period
 == 0``).
 
@@ -45,7 +46,9 @@ from .triton_common import availability_reason as _availability_reason
 
 __all__ = [
     "CHUNK_SIZES",
+    "DEFAULT_PENALTY_BLOCK",
     "DEFAULT_PENALTY_CHUNK",
+    "MAX_PENALTY_BLOCKS",
     "INPUT_PRECISIONS",
     "MAX_HEAD_DIM",
     "PENALTY_DTYPES",
@@ -55,6 +58,8 @@ __all__ = [
     "availability_reason",
     "chunked_vla",
     "interpreted",
+    "penalty_block_length",
+    "penalty_block_starts",
 ]
 
 _NAME = "triton_chunked"
@@ -66,6 +71,12 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
+#: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
+#: penalty; :func:`penalty_block_starts`), at least: see :func:`penalty_block_length`.
+DEFAULT_PENALTY_BLOCK = 256
+#: At most this many blocks: their start penalties come from a loop over blocks (one small
+#: solve per block), whose launches would dominate at many blocks.
+MAX_PENALTY_BLOCKS = 64
 #: Largest dk and dv.
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
@@ -78,6 +89,7 @@ _NEVER = 2**31 - 1  # a nudge period meaning "never"
 PLANTED_BUGS: dict[str, int] = {
     "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
     "read_before_write": kernels.BUG_READ_BEFORE_WRITE,
+    "block_starts_without_nudges": kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES,
 }
 
 
@@ -111,6 +123,107 @@ def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
     return _PARAMS[key]
 
 
+def penalty_block_length(T: int, penalty_chunk: int, penalty_block: int | None = None) -> int:
+    """Tokens per penalty-chain block: ``penalty_block`` if given, else the smallest multiple of
+    ``penalty_chunk`` that is at least :data:`DEFAULT_PENALTY_BLOCK` and gives at most
+    :data:`MAX_PENALTY_BLOCKS` blocks over ``T`` tokens."""
+    if penalty_block is not None:
+        return penalty_block
+    chunks = max(1, math.ceil(T / penalty_chunk))
+    per_block = max(math.ceil(DEFAULT_PENALTY_BLOCK / penalty_chunk),
+                    math.ceil(chunks / MAX_PENALTY_BLOCKS))  # fmt: skip
+    return per_block * penalty_chunk
+
+
+def penalty_block_starts(
+    u: torch.Tensor,
+    A0: torch.Tensor,
+    *,
+    start: int,
+    nudge_period: int | None,
+    nudge_eta: float,
+    block: int,
+) -> torch.Tensor:
+    """The penalty ``A`` at the start of every block of ``block`` tokens (spec §2.3), float64.
+
+    ``u`` ``[BH, T, dk]`` and ``A0`` ``[BH, dk, dk]`` (symmetric positive definite) in float64;
+    ``start`` the nudge clock (spec §2.3).  Returns ``[BH, NB, dk, dk]``, ``NB = ⌈T/block⌉``,
+    block 0 starting from ``A0``.
+
+    Writing ``A = Π Θ^{-1}``, a Sherman–Morrison step is ``Θ ← Θ + u uᵀ Π`` and a nudge
+    ``Π ← Π + η Θ``: both are linear in ``(Π, Θ)``, so a block's effect is one ``2dk × 2dk``
+    matrix, built from the blocks' pieces between nudges (``G = Σ u uᵀ`` per piece) for all
+    blocks at once.  The loop over blocks then applies each block's matrix to ``(A, I)`` and
+    re-normalises by one solve, ``A ← Π Θ^{-1}``, so that no product of many blocks' matrices
+    (whose modes separate like ``(1 + √(η‖G‖))`` per period) is ever formed.  Without nudges
+    the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
+
+    Exact only where no Sherman–Morrison denominator is floored: ``δ = 1 + uᵀAu ≥ 1`` for a
+    positive definite ``A``, so the caller runs one block when ``A0`` is not positive definite
+    or ``sm_floor > 1``.
+    """
+    BH, T, dk = u.shape
+    NB = math.ceil(T / block)
+    if NB == 1:
+        return A0[:, None]
+    dev, f64 = u.device, torch.float64
+    eye = torch.eye(dk, dtype=f64, device=dev)
+    if nudge_period is None:
+        Up = torch.nn.functional.pad(u, (0, 0, 0, NB * block - T)).view(BH, NB, block, dk)
+        G = Up.mT @ Up
+        M = torch.linalg.inv(A0)[:, None] + (torch.cumsum(G, dim=1) - G)
+        return torch.cholesky_inverse(torch.linalg.cholesky(M))
+    P = int(nudge_period)
+    t = torch.arange(T, device=dev)
+    g = start + t + 1  # the global step of each token
+    grp = (g - 1) // P  # the nudge period it falls in; a nudge follows its last step
+    blk = t // block
+    # Pieces of a block between nudges: ``sidx`` counts the periods begun inside the block.
+    sidx = grp - (start + blk * block) // P
+    m = (block - 1) // P + 2  # pieces per block, at most (empty pieces are the identity)
+    Lseg = min(P, block)
+    pos = t - torch.maximum(blk * block, grp * P - start)
+    piece = blk * m + sidx
+    Up = torch.zeros(BH, NB * m * Lseg, dk, dtype=f64, device=dev)
+    Up[:, piece * Lseg + pos] = u
+    Up = Up.view(BH, NB, m, Lseg, dk)
+    nudged = torch.zeros(NB * m, dtype=f64, device=dev)
+    nudged.index_put_((piece,), (g % P == 0).to(f64), accumulate=True)
+    eta = (nudged.view(NB, m) * nudge_eta)[None, :, :, None, None]
+    # The block's matrix [[B11, B12], [B21, B22]] acting on (Π, Θ), piece after piece.
+    B11 = eye.expand(BH, NB, dk, dk).clone()
+    B22 = B11.clone()
+    B12 = torch.zeros_like(B11)
+    B21 = torch.zeros_like(B11)
+    for s in range(m):
+        Us = Up[:, :, s]
+        G = Us.mT @ Us
+        B21 = B21 + G @ B11
+        B22 = B22 + G @ B12
+        B11 = B11 + eta[:, :, s] * B21
+        B12 = B12 + eta[:, :, s] * B22
+    left = torch.cat([B11, B21], dim=-2)  # [BH, NB, 2dk, dk]
+    right = torch.cat([B12, B22], dim=-2)
+    A = A0
+    starts = [A0]
+    for b in range(NB - 1):
+        NumDen = torch.baddbmm(right[:, b], left[:, b], A)
+        A = torch.linalg.solve(NumDen[:, dk:], NumDen[:, :dk], left=False)  # Π Θ^{-1}
+        A = 0.5 * (A + A.mT)
+        starts.append(A)
+    return torch.stack(starts, dim=1)
+
+
+def _symmetric_positive_definite(A: torch.Tensor) -> bool:
+    """Whether the float64 ``A`` ``[BH, dk, dk]`` is symmetric to its input's rounding and
+    positive definite (a device sync)."""
+    scale = A.abs().amax(dim=(-2, -1), keepdim=True)
+    asym = (A - A.mT).abs().amax(dim=(-2, -1), keepdim=True)
+    if bool((asym > 64 * torch.finfo(torch.float32).eps * scale).any()):
+        return False
+    return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -121,6 +234,7 @@ def _forward(
     start: int,
     C: int,
     CP: int,
+    penalty_block: int | None,
     input_precision: str,
     penalty_dtype: str,
     bug: int,
@@ -139,22 +253,34 @@ def _forward(
     TP = math.ceil(T / L) * L
     pd = torch.float64 if penalty_dtype == "float64" else torch.float32
     f32 = torch.float32
-    # X = A_0ᵀ, zero-padded to [BK, BK] (padding rows and columns stay zero).
-    X = torch.zeros(BH, BK, BK, dtype=pd, device=dev)
     if initial_state is None:
-        X[:, :dk, :dk] = torch.eye(dk, dtype=pd, device=dev) / config.lambda0
+        A0 = (torch.eye(dk, dtype=torch.float64, device=dev) / config.lambda0).expand(BH, dk, dk)
         S0 = torch.zeros(BH, dv, dk, dtype=f32, device=dev)
         z0 = torch.zeros(BH, dk, dtype=f32, device=dev)
+        parallel = config.sm_floor <= 1.0
     else:
         S_in, A_in, z_in = initial_state
-        X[:, :dk, :dk] = A_in.reshape(BH, dk, dk).mT.to(pd)
+        A0 = A_in.reshape(BH, dk, dk).to(torch.float64)
         S0 = S_in.reshape(BH, dv, dk).to(f32).contiguous()
         z0 = z_in.reshape(BH, dk).to(f32).contiguous()
+        parallel = config.sm_floor <= 1.0 and _symmetric_positive_definite(A0)
     params = _params(config, dev)
     period = _NEVER if config.nudge_period is None else int(config.nudge_period)
     start_mod = start % period
+    # Blocks of the penalty chain run in parallel from their start penalties, which are exact
+    # only where no denominator is floored (penalty_block_starts); else one block.
+    block = penalty_block_length(T, CP, penalty_block) if parallel else CP * math.ceil(T / CP)
+    NB = math.ceil(T / block)
+    A_starts = A0[:, None] if NB == 1 else penalty_block_starts(
+        u.permute(0, 2, 1, 3).reshape(BH, T, dk).to(torch.float64), A0, start=start_mod,
+        nudge_period=config.nudge_period, block=block,
+        nudge_eta=0.0 if bug == kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES else config.nudge_eta,
+    )  # fmt: skip
+    # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding rows and columns stay zero).
+    X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
+    X[:, :, :dk, :dk] = A_starts.mT.to(pd)
     gates = torch.empty(BH, TP, BK, dtype=f32, device=dev)
-    W = torch.empty(BH, CP, BK, dtype=pd, device=dev)
+    W = torch.empty(BH, NB, CP, BK, dtype=pd, device=dev)
     bkb = min(BK, 32)
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
     # kernel holds several: 8 warps keep them in registers.
@@ -164,9 +290,9 @@ def _forward(
     # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
     # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
     kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
-    kernels.penalty_chain_kernel[(BH,)](
+    kernels.penalty_chain_kernel[(BH, NB)](
         kp, up, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
-        DK=dk, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
+        DK=dk, CPB=block // CP, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
         NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
     )  # fmt: skip
     Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
@@ -194,7 +320,7 @@ def _forward(
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
         num_stages=stages,
     )  # fmt: skip
-    A = X[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
+    A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
 
 
@@ -274,6 +400,7 @@ def chunked_vla(
     input_precision: str = "ieee",
     penalty_dtype: str = "float64",
     penalty_chunk: int | None = None,
+    penalty_block: int | None = None,
     planted_bug: str | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """VLA (spec §2.3) by the chunked forms of spec §5 in Triton; differentiable.
@@ -296,6 +423,11 @@ def chunked_vla(
         :data:`DEFAULT_PENALTY_CHUNK`), independent of
         ``chunk_size``: the gates are per token, so the two chains may cut the sequence
         differently (``docs/design/triton_chunked.md``, "The penalty chain").
+    penalty_block : tokens per block of the penalty chain, a positive multiple of
+        ``penalty_chunk`` (default :func:`penalty_block_length`); the blocks run in parallel
+        from start penalties computed by :func:`penalty_block_starts`.  A block of ``T`` or
+        more tokens runs the chain in one pass.  One block is always used when the initial
+        ``A`` is not symmetric positive definite or ``sm_floor > 1`` (a floored denominator).
     planted_bug : a name of :data:`PLANTED_BUGS` (meta-tests only).
 
     Returns
@@ -340,13 +472,23 @@ def chunked_vla(
             _NAME, f"penalty_chunk must be one of {CHUNK_SIZES}, got {penalty_chunk!r}",
             argument="penalty_chunk",
         )  # fmt: skip
+    if penalty_block is not None and (
+        isinstance(penalty_block, bool)
+        or not isinstance(penalty_block, int)
+        or penalty_block < penalty_chunk
+        or penalty_block % penalty_chunk
+    ):
+        raise UnsupportedConfigurationError(
+            _NAME, f"penalty_block must be a positive multiple of penalty_chunk "
+            f"({penalty_chunk}), got {penalty_block!r}", argument="penalty_block",
+        )  # fmt: skip
     if planted_bug is not None and planted_bug not in PLANTED_BUGS:
         raise UnsupportedConfigurationError(
             _NAME, f"planted_bug must be one of {tuple(PLANTED_BUGS)}", argument="planted_bug"
         )
     options = dict(
         config=config, start=start, C=chunk_size, CP=penalty_chunk,
-        input_precision=input_precision, penalty_dtype=penalty_dtype,
+        penalty_block=penalty_block, input_precision=input_precision, penalty_dtype=penalty_dtype,
         bug=PLANTED_BUGS.get(planted_bug or "", kernels.BUG_NONE),
     )  # fmt: skip
     S0, A0, z0 = initial_state if initial_state is not None else (None, None, None)
@@ -364,7 +506,7 @@ class TritonChunkedBackend(TritonKernelBackend):
     """Registry name ``triton_chunked``: :func:`chunked_vla` as a spec §4 callable.
 
     Options ``chunk_size`` (16, 32, 64; default 64), ``input_precision``, ``penalty_dtype``,
-    ``penalty_chunk`` (see :func:`chunked_vla`), ``check_finite`` (default off on a GPU: the
+    ``penalty_chunk``, ``penalty_block`` (see :func:`chunked_vla`), ``check_finite`` (default off on a GPU: the
     NaN/Inf checks of inputs and outputs read them back, a device sync per call; on the CPU
     the outputs are always checked).  Returns ``(o, (S, A, z))`` in the inputs'
     dtype; any nudge period and any ``start``.
@@ -385,6 +527,7 @@ class TritonChunkedBackend(TritonKernelBackend):
             "input_precision": "ieee",
             "penalty_dtype": "float64",
             "penalty_chunk": None,
+            "penalty_block": None,
             "check_finite": False,
         },
     )
@@ -424,5 +567,6 @@ class TritonChunkedBackend(TritonKernelBackend):
             input_precision=str(self.options["input_precision"]),
             penalty_dtype=str(self.options["penalty_dtype"]),
             penalty_chunk=self.options["penalty_chunk"],
+            penalty_block=self.options["penalty_block"],
         )
         return o, tuple(x.to(q.dtype) for x in state)

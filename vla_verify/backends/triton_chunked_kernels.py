@@ -2,8 +2,10 @@
 
 Three launches, in this order:
 
-1. :func:`penalty_chain_kernel` — the inter-chunk ``A`` recurrence, one program per (b, h),
-   chunk after chunk of ``CP`` tokens (the penalty chunk).  Per chunk, with rows = tokens and
+1. :func:`penalty_chain_kernel` — the ``A`` recurrence, one program per (b, h, block of
+   ``CPB`` penalty chunks), chunk after chunk of ``CP`` tokens inside its block, from the
+   block-start penalty that :func:`~vla_verify.backends.triton_chunked.penalty_block_starts`
+   computes (one block: the whole sequence from ``A_0``).  Per chunk, with rows = tokens and
    ``X = A_0ᵀ`` (the chunk-start penalty, transposed, in a scratch in global memory):
 
        Y = U X + c_{t-1}·U        KA = K̂ X                     (tensor-core products)
@@ -39,6 +41,9 @@ import triton.language as tl
 BUG_NONE = 0
 BUG_NUDGE_ONE_STEP_LATE = 1
 BUG_READ_BEFORE_WRITE = 2
+#: In the block starts (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts`): the
+#: blocks' matrices leave out the nudges.
+BUG_BLOCK_STARTS_WITHOUT_NUDGES = 3
 
 
 @triton.jit
@@ -78,8 +83,8 @@ def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
 def penalty_chain_kernel(
     k_ptr,
     u_ptr,
-    x_ptr,  # [BH, BK, BK] scratch: A_0ᵀ on entry, the final Aᵀ on exit (PD)
-    w_ptr,  # [BH, CP, BK] scratch for W D^{-1} (PD)
+    x_ptr,  # [BH, NB, BK, BK] scratch: each block's start Aᵀ on entry, its end Aᵀ on exit (PD)
+    w_ptr,  # [BH, NB, CP, BK] scratch for W D^{-1} (PD)
     gate_ptr,  # [BH, TP, BK] float32 out: the normalised gates α̂
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
     T,
@@ -89,6 +94,7 @@ def penalty_chain_kernel(
     s_t,
     s_h,
     DK,
+    CPB,  # penalty chunks per block (runtime: a new length compiles nothing)
     BK: tl.constexpr,
     BKB: tl.constexpr,
     CP: tl.constexpr,
@@ -98,6 +104,8 @@ def penalty_chain_kernel(
     BUG: tl.constexpr,
 ):
     bh = tl.program_id(0)
+    blk = tl.program_id(1)
+    NB = tl.num_programs(1)
     b = bh // H
     h = bh % H
     floor = tl.load(params_ptr + 1).to(PD)
@@ -108,10 +116,12 @@ def penalty_chain_kernel(
     okb = tl.arange(0, BKB)
     kmask = ok < DK
     base = b * T * s_t + h * s_h
-    xb = x_ptr + bh * BK * BK
-    wb = w_ptr + bh * CP * BK
+    xb = x_ptr + (bh * NB + blk) * BK * BK
+    wb = w_ptr + (bh * NB + blk) * CP * BK
     tril = ot[:, None] >= ot[None, :]
-    for c in range(0, tl.cdiv(T, CP)):
+    c_first = blk * CPB
+    c_last = tl.minimum(c_first + CPB, tl.cdiv(T, CP))
+    for c in range(c_first, c_last):
         tok = c * CP + ot
         tmask = tok < T
         m2 = tmask[:, None] & kmask[None, :]
