@@ -11,9 +11,9 @@ The forward is three Triton launches (:mod:`.triton_chunked_kernels`): the penal
 (Woodbury/LDLᵀ per chunk of ``penalty_chunk`` tokens, nudges inside a chunk through the
 isotropic shift ``A = B + c·I``), run in parallel over blocks of ``penalty_block`` tokens from
 block-start penalties computed by :func:`penalty_block_starts`; the per-chunk UT transform of
-the state chain; and the inter-chunk state recurrence with the read-out.  Every nudge period and every ``start`` runs
-exactly (spec §2.3: the nudge fires after step t of the call when ``(start + t) % nudge_period
-== 0``).
+the state chain; and the inter-chunk state recurrence with the read-out.  Every nudge period
+and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of the call when
+``(start + t) % nudge_period == 0``).
 
 Precision.  Inputs are float32, bfloat16 or float16; the state chain's products take float32
 operands and accumulate in float32: tf32 for 16-bit inputs and, for float32 inputs,
@@ -48,9 +48,9 @@ __all__ = [
     "CHUNK_SIZES",
     "DEFAULT_PENALTY_BLOCK",
     "DEFAULT_PENALTY_CHUNK",
-    "MAX_PENALTY_BLOCKS",
     "INPUT_PRECISIONS",
     "MAX_HEAD_DIM",
+    "MAX_PENALTY_BLOCKS",
     "PENALTY_DTYPES",
     "PLANTED_BUGS",
     "ChunkedVLAFunction",
@@ -72,11 +72,16 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
-#: penalty; :func:`penalty_block_starts`), at least: see :func:`penalty_block_length`.
-DEFAULT_PENALTY_BLOCK = 256
-#: At most this many blocks: their start penalties come from a loop over blocks (one small
-#: solve per block), whose launches would dominate at many blocks.
-MAX_PENALTY_BLOCKS = 64
+#: penalty; :func:`penalty_block_starts`), at least: see :func:`penalty_block_length`.  The
+#: fastest measured on the H200 (B = 1, H = 16, bf16, T = 16384, paper preset;
+#: ``benchmarks/results/h200/chunk.json``, "variants"): blocks of 128 / 256 / 512 / 1024 tokens
+#: take 64.0 / 38.7 / 21.7 / 19.1 ms at D = 64, one block of T tokens 20.6 ms (111 / 72.7 /
+#: 46.2 / 37.2 and 38.2 ms at D = 128).
+DEFAULT_PENALTY_BLOCK = 1024
+#: At most this many blocks: the block starts come from a loop over blocks with one batched
+#: ``dk × dk`` solve each (about 0.25 ms per block on the H200, the solve's LU), which grows
+#: past the blocks' gain beyond about 16 blocks (the measurements above).
+MAX_PENALTY_BLOCKS = 16
 #: Largest dk and dv.
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
@@ -506,9 +511,9 @@ class TritonChunkedBackend(TritonKernelBackend):
     """Registry name ``triton_chunked``: :func:`chunked_vla` as a spec §4 callable.
 
     Options ``chunk_size`` (16, 32, 64; default 64), ``input_precision``, ``penalty_dtype``,
-    ``penalty_chunk``, ``penalty_block`` (see :func:`chunked_vla`), ``check_finite`` (default off on a GPU: the
-    NaN/Inf checks of inputs and outputs read them back, a device sync per call; on the CPU
-    the outputs are always checked).  Returns ``(o, (S, A, z))`` in the inputs'
+    ``penalty_chunk``, ``penalty_block`` (see :func:`chunked_vla`), ``check_finite`` (default
+    off on a GPU: the NaN/Inf checks of inputs and outputs read them back, a device sync per
+    call; on the CPU the outputs are always checked).  Returns ``(o, (S, A, z))`` in the inputs'
     dtype; any nudge period and any ``start``.
     """
 
