@@ -20,7 +20,13 @@ from vla_verify import VLAConfig, backends  # noqa: E402
 from vla_verify.experiments import probe  # noqa: E402
 from vla_verify.experiments.model import MIXERS, Backbone, ModelConfig, gated_delta_rule  # noqa: E402
 from vla_verify.experiments.runner import run_grid  # noqa: E402
-from vla_verify.experiments.train import TrainConfig, loss_fell, lr_at, train  # noqa: E402
+from vla_verify.experiments.train import (  # noqa: E402
+    TrainConfig,
+    TrainingPaused,
+    loss_fell,
+    lr_at,
+    train,
+)
 
 TINY = dict(vocab=24, d_model=16, n_heads=2, d_ffn=32)
 STEPS = TrainConfig(steps=30, batch_size=16, lr=1e-2, eval_samples=32, eval_batch=32)
@@ -202,6 +208,54 @@ def test_runner_caches_resumes_and_reports(tmp_path, capsys):
     assert summary["figures"]["mqar_n24.vla"] is None
     text = (tmp_path / "results.md").read_text()
     assert "| 6 |" in text and "mqar_n24.vla | 1.000 | — |" in text
+
+
+def test_a_paused_and_resumed_run_equals_one_sitting(tmp_path):
+    """Paused after its first step (a deadline already past) and resumed, a run gives the
+    losses, weights and accuracy of the same run in one sitting; a stale checkpoint of another
+    run length is refused, and a finished run leaves no checkpoint."""
+    task = MQARTask(3, 12, 24)
+
+    def model():
+        torch.manual_seed(0)
+        return Backbone(ModelConfig(mixer="vla", **TINY))
+
+    whole = model()
+    one = train(whole, task, STEPS, seed=0)
+    ckpt = tmp_path / "job.pt"
+    split = model()
+    with pytest.raises(TrainingPaused) as info:
+        train(split, task, STEPS, seed=0, checkpoint=ckpt, deadline=0.0)
+    assert info.value.step == 1 and ckpt.is_file()
+    with pytest.raises(ConfigError) as bad:
+        train(model(), task, TrainConfig(steps=31, batch_size=16), seed=0, checkpoint=ckpt)
+    assert bad.value.argument == "checkpoint"
+    resumed = model()  # a fresh process would rebuild the model, then load the checkpoint
+    two = train(resumed, task, STEPS, seed=0, checkpoint=ckpt)
+    assert two["losses"] == one["losses"] and two["sittings"] == 2
+    assert two["test_accuracy"] == one["test_accuracy"]
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert not ckpt.exists()
+    with pytest.raises(ConfigError) as no_file:
+        train(model(), task, STEPS, seed=0, deadline=0.0)
+    assert no_file.value.argument == "deadline"
+
+
+def test_runner_pauses_a_job_at_the_budget_and_resumes_it(tmp_path):
+    from vla_verify.experiments.runner import checkpoint_path
+
+    (job,) = [
+        j for j in grid_jobs("tiny", mixers=("softmax",), train={"steps": 400}) if j.task == "copy"
+    ][:1]
+    first = run_grid([job], tmp_path, time_budget_s=0.5, show_progress=False)
+    assert (first["ran"], first["paused"], first["pending"]) == (0, 1, 1), first
+    assert checkpoint_path(tmp_path, job).is_file()
+    second = run_grid([job], tmp_path, show_progress=False)
+    assert (second["ran"], second["pending"]) == (1, 0)
+    data = json.loads(next((tmp_path / "tiny").glob("copy-*.json")).read_text())
+    assert data["sittings"] == 2 and len(data["losses"]) == 400
+    assert not checkpoint_path(tmp_path, job).exists()
 
 
 def test_import_needs_no_torch():

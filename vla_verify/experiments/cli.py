@@ -135,6 +135,7 @@ def _main(args: argparse.Namespace) -> int:
     done = outcome["total"] - outcome["pending"]
     print(
         f"{args.grid}: ran {outcome['ran']}, failed {outcome['failed']}, "
+        f"paused {outcome.get('paused', 0)} (resumed by the next run), "
         f"{done}/{outcome['total']} done"
     )
     for key, error in outcome.get("errors", {}).items():

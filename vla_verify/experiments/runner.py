@@ -32,7 +32,9 @@ from .grids import Job
 
 __all__ = [
     "COMMIT_ENV",
+    "PAUSED",
     "RESULTS_DIR",
+    "checkpoint_path",
     "execute_job",
     "pending",
     "provenance",
@@ -42,12 +44,19 @@ __all__ = [
 
 #: The default results directory, relative to the repository root.
 RESULTS_DIR = Path("experiments") / "results"
+#: The prefix of a worker's report for a job that paused at the deadline.
+PAUSED = "paused: "
 #: Where a copy of the tree without ``.git`` (a GPU machine) reads its commit from.
 COMMIT_ENV = "VLA_VERIFY_COMMIT"
 
 
 def result_path(results_dir: Path, job: Job) -> Path:
     return Path(results_dir) / job.grid / f"{job.key()}.json"
+
+
+def checkpoint_path(results_dir: Path, job: Job) -> Path:
+    """Where a paused job keeps its training state (:class:`.train.TrainingPaused`)."""
+    return Path(results_dir) / job.grid / "checkpoints" / f"{job.key()}.pt"
 
 
 def pending(jobs: Sequence[Job], results_dir: Path) -> list[Job]:
@@ -116,9 +125,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def execute_job(
-    job: Job, *, device: str = "cpu", progress: Callable[[int, int], None] | None = None
+    job: Job,
+    *,
+    device: str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+    checkpoint: Path | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Train (and probe) one job; return the result file's contents."""
+    """Train (and probe) one job; return the result file's contents.  With ``checkpoint`` and
+    ``deadline`` the training pauses at the deadline (:class:`.train.TrainingPaused`, raised)
+    and a later call resumes it."""
     import torch
 
     from .model import Backbone, ModelConfig
@@ -145,9 +161,11 @@ def execute_job(
     if job.probe_T:
         result["probe_untrained"] = state_norms(model, job.probe_T, seed=job.seed, device=device)
     if train_cfg.steps:
-        result.update(
-            train(model, task, train_cfg, seed=job.seed, device=device, progress=progress)
-        )
+        trained = train(
+            model, task, train_cfg, seed=job.seed, device=device, progress=progress,
+            checkpoint=checkpoint, deadline=deadline,
+        )  # fmt: skip
+        result.update(trained)
         if job.probe_T:
             result["probe_trained"] = state_norms(model, job.probe_T, seed=job.seed, device=device)
     result["seconds"] = time.perf_counter() - t0
@@ -164,8 +182,11 @@ def _worker(
     deadline: float,
     threads: int,
 ) -> None:
-    """A worker process: take jobs from ``jobs`` until it is empty or the deadline passes."""
+    """A worker process: take jobs from ``jobs`` until it is empty or the deadline passes; a
+    job still training at the deadline pauses to its checkpoint."""
     import torch
+
+    from .train import TrainingPaused
 
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
@@ -178,8 +199,14 @@ def _worker(
             break
         job = Job.from_dict(data)
         try:
-            _write_json(result_path(Path(results_dir), job), execute_job(job, device=device))
+            result = execute_job(
+                job, device=device, checkpoint=checkpoint_path(Path(results_dir), job),
+                deadline=deadline,
+            )  # fmt: skip
+            _write_json(result_path(Path(results_dir), job), result)
             done.put((slot, job.key(), None))
+        except TrainingPaused as paused:  # its checkpoint stays: a later run resumes it
+            done.put((slot, job.key(), f"{PAUSED}{paused}"))
         except Exception as exc:  # one failed job must not stop the grid; it is reported
             done.put((slot, job.key(), f"{type(exc).__name__}: {exc}"))
     done.put((slot, None, None))
@@ -195,8 +222,9 @@ def run_grid(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Run every pending job of ``jobs``; return ``{"total", "done_before", "ran", "failed",
-    "pending", "errors"}``.  ``device`` ``"cpu"`` runs in this process; ``"cuda"`` starts
-    ``workers_per_device`` processes per visible GPU."""
+    "paused", "pending", "errors"}``.  A job still training when ``time_budget_s`` ends pauses
+    to :func:`checkpoint_path` and resumes there in a later run.  ``device`` ``"cpu"`` runs in
+    this process; ``"cuda"`` starts ``workers_per_device`` processes per visible GPU."""
     results_dir = Path(results_dir)
     todo = pending(jobs, results_dir)
     summary: dict[str, Any] = {
@@ -210,10 +238,21 @@ def run_grid(
     bar = ProgressBar(f"grid on {device}", len(todo), enabled=show_progress)
     bar(0)
     if device == "cpu" and workers_per_device == 1:
+        from .train import TrainingPaused
+
+        summary["paused"] = 0
         for i, job in enumerate(todo):
             if time.time() >= deadline:
                 break
-            _write_json(result_path(results_dir, job), execute_job(job, device="cpu"))
+            try:
+                result = execute_job(
+                    job, device="cpu", checkpoint=checkpoint_path(results_dir, job),
+                    deadline=deadline,
+                )  # fmt: skip
+            except TrainingPaused:
+                summary["paused"] += 1
+                break
+            _write_json(result_path(results_dir, job), result)
             summary["ran"] += 1
             bar(i + 1)
     elif device in ("cpu", "cuda"):
@@ -270,7 +309,7 @@ def _run_pool(
     ]
     for p in procs:
         p.start()
-    ran = failed = finished = 0
+    ran = failed = paused = finished = 0
     errors: dict[str, str] = {}
     while finished < slots:
         try:
@@ -283,10 +322,13 @@ def _run_pool(
             finished += 1
         elif error is None:
             ran += 1
+        elif error.startswith(PAUSED):
+            paused += 1
         else:
             failed += 1
             errors[key] = error
-        bar(ran + failed)
+        bar(ran + failed + paused)
     for p in procs:
         p.join(timeout=30)
-    return {"ran": ran, "failed": failed, "errors": errors, "slots": slots, "devices": devices}
+    return {"ran": ran, "failed": failed, "paused": paused, "errors": errors, "slots": slots,
+            "devices": devices}  # fmt: skip

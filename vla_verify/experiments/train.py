@@ -8,14 +8,21 @@ Every figure is configurable through :class:`TrainConfig`.
 Data: step ``i`` trains on batch ``i`` of the task's seed (:mod:`.tasks`), so a run is a pure
 function of its configuration and seed.  The validation set (model selection: the learning-rate
 sweep) and the test set (the reported figures) are disjoint from every training batch.
+
+Pausing.  A run longer than one sitting (one device call) pauses at a ``deadline``: it saves the
+model, the optimiser, the step and the losses to a ``checkpoint`` file and raises
+:class:`TrainingPaused`; called again with the same file it resumes at that step and trains on
+the same batches, so a paused-and-resumed run gives the losses of one sitting.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +33,25 @@ from ..errors import ConfigError
 from .model import Backbone
 from .tasks import IGNORE, TEST_INDEX, VALIDATION_INDEX, CopyTask, MQARTask
 
-__all__ = ["TrainConfig", "evaluate", "loss_fell", "lr_at", "train"]
+__all__ = ["TrainConfig", "TrainingPaused", "evaluate", "loss_fell", "lr_at", "train"]
 
 Task = MQARTask | CopyTask
+
+
+class TrainingPaused(Exception):
+    """A run stopped at its deadline after ``step`` of ``steps`` steps, its state saved to
+    ``checkpoint`` (module docstring, "Pausing")."""
+
+    def __init__(self, step: int, steps: int, checkpoint: Path) -> None:
+        super().__init__(f"paused after step {step} of {steps}; state in {checkpoint}")
+        self.step, self.steps, self.checkpoint = step, steps, checkpoint
+
+
+def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # never a half-written checkpoint
 
 
 @dataclass(frozen=True)
@@ -130,20 +153,37 @@ def train(
     seed: int,
     device: str = "cpu",
     progress: Callable[[int, int], None] | None = None,
+    checkpoint: Path | str | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` on ``task`` for ``config.steps`` steps; return the losses and accuracies.
 
     Returns ``{"losses": [...], "val_accuracy", "test_accuracy", "train_seconds",
-    "final_lr"}``.  ``progress(step, total)`` is called every 10 steps.
+    "final_lr", "diverged", "sittings"}``.  ``progress(step, total)`` is called every 10 steps.
+    ``checkpoint``: a file to resume from when it exists, and to pause to; ``deadline``: a
+    ``time.time()`` after which the run pauses (:class:`TrainingPaused`; needs ``checkpoint``).
+    The checkpoint is removed when the run completes.
     """
+    if deadline is not None and checkpoint is None:
+        raise ConfigError("deadline", "expected a checkpoint file to pause to")
     model.to(device).train()
     optimizer = torch.optim.AdamW(
         _param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999)
     )
     losses: list[float] = []
+    first, elapsed, sittings = 0, 0.0, 1
+    path = None if checkpoint is None else Path(checkpoint)
+    if path is not None and path.is_file():
+        saved = torch.load(path, map_location=device, weights_only=True)
+        if saved["steps"] != config.steps:
+            raise ConfigError("checkpoint", f"{path} is of a {saved['steps']}-step run")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        first, losses = int(saved["step"]), list(saved["losses"])
+        elapsed, sittings = float(saved["seconds"]), int(saved["sittings"]) + 1
     t0 = time.perf_counter()
     lr = config.lr
-    for step in range(config.steps):
+    for step in range(first, config.steps):
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -161,7 +201,17 @@ def train(
             break  # a diverged run is a result (its accuracy is what it is), not a crash
         if progress is not None and step % 10 == 0:
             progress(step, config.steps)
-    seconds = time.perf_counter() - t0
+        if deadline is not None and time.time() >= deadline and step + 1 < config.steps:
+            assert path is not None
+            _save_checkpoint(path, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step + 1, "steps": config.steps, "losses": losses,
+                "seconds": elapsed + time.perf_counter() - t0, "sittings": sittings,
+            })  # fmt: skip
+            raise TrainingPaused(step + 1, config.steps, path)
+    seconds = elapsed + time.perf_counter() - t0
+    if path is not None and path.is_file():
+        path.unlink()
 
     def accuracy(index: int) -> float:
         return evaluate(
@@ -181,4 +231,5 @@ def train(
         "train_seconds": seconds,
         "final_lr": lr,
         "diverged": bool(losses) and not math.isfinite(losses[-1]),
+        "sittings": sittings,
     }
