@@ -116,6 +116,9 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
             source = candidate
             break
         figures = None
+    # The report names the repository's folder as the repository does, not by this machine's
+    # absolute path.
+    shown = source if explicit else RESULTS
     if figures is None:
         reason = (
             f"not yet measured: no C10 results in {source if explicit else RESULTS} "
@@ -125,14 +128,14 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
         return [_result(Verdict.NOT_MEASURED, reason, [reason], {})]
     missing = _missing(figures)
     if missing:
-        message = f"{source}: incomplete results for C10, no verdict: missing {', '.join(missing)}"
+        message = f"{shown}: incomplete results for C10, no verdict: missing {', '.join(missing)}"
         if explicit:
             raise VLAInputError("results", message)
         measured = {n: c["mean"] for n, c in figures.items() if c}
         return [
             _result(
                 Verdict.NOT_MEASURED,
-                f"read {source}",
+                f"read {shown}",
                 [message],
                 {"measured": measured, "missing": missing},
             )
@@ -157,7 +160,7 @@ def run(ctx: Context, *, path: Path | None = None) -> list[ClaimResult]:
         for name, row in table.items()
     ]
     verdict = Verdict.from_measurement(all(row["agrees"] for row in table.values()))
-    return [_result(verdict, f"read {source}", evidence, {"table": table}, worst)]
+    return [_result(verdict, f"read {shown}", evidence, {"table": table}, worst)]
 
 
 CLAIM = Claim("C10", "Recall experiments", run)
