@@ -153,7 +153,10 @@ def test_gradients_match_torch_chunked_in_float64() -> None:
     [(20, 0, 32, 200, 1.0), (20, 7, 48, 150, 4.0), (3, 2, 16, 100, 1.0), (1, 0, 16, 64, 1.0),
      (None, 0, 32, 130, 1.0), (50, 13, 64, 300, 1.0)],
 )  # fmt: skip
-def test_penalty_block_starts_match_the_recurrence(period, start, block, T, scale) -> None:
+@pytest.mark.parametrize("normalise", [True, False], ids=["normalised", "products"])
+def test_penalty_block_starts_match_the_recurrence(
+    period, start, block, T, scale, normalise
+) -> None:
     """The block-start penalties (linear-fractional block matrices, one solve per block) equal
     the float64 oracle's ``A`` after every block, to float64 rounding; the nudge clock shifted
     by one step moves them far outside that (the check can fail)."""
@@ -166,8 +169,9 @@ def test_penalty_block_starts_match_the_recurrence(period, start, block, T, scal
 
     def worst(clock: int) -> float:
         got = tc.penalty_block_starts(
-            u_t, A0, start=clock, nudge_period=period, nudge_eta=config.nudge_eta, block=block
-        )
+            u_t, A0, start=clock, nudge_period=period, nudge_eta=config.nudge_eta, block=block,
+            normalise=normalise,
+        )  # fmt: skip
         err = 0.0
         for b in range(1, got.shape[1]):
             t = b * block
@@ -193,19 +197,32 @@ def test_blocked_penalty_chain_matches_the_oracle(config, start, state) -> None:
     def blocked(*args, **kwargs):
         return tc.chunked_vla(*args, chunk_size=16, penalty_block=16, **kwargs)
 
+    before = tc.BLOCK_START_FALLBACKS[0]
     assert _outside_budget(blocked, inputs, initial, config, start, 16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before  # the products-only starts passed the check
 
 
-def test_block_starts_without_nudges_is_rejected() -> None:
-    inputs, _ = _inputs(70, 8, 8, seed=3)
-
+def _planted_blocks(bug: str):
     def planted(*args, **kwargs):
-        return tc.chunked_vla(
-            *args, chunk_size=16, penalty_block=16, planted_bug="block_starts_without_nudges",
-            **kwargs,
-        )  # fmt: skip
+        return tc.chunked_vla(*args, chunk_size=16, penalty_block=16, planted_bug=bug, **kwargs)
 
+    return planted
+
+
+def test_unchecked_block_starts_without_nudges_are_rejected() -> None:
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    planted = _planted_blocks("unchecked_block_starts")
     assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) != []
+
+
+def test_the_block_end_check_catches_wrong_block_starts() -> None:
+    """The same wrong starts with the check on: the chain's block ends disagree with them, the
+    starts are recomputed, and the result is within the budget."""
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    before = tc.BLOCK_START_FALLBACKS[0]
+    planted = _planted_blocks("block_starts_without_nudges")
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
 
 
 def test_indefinite_initial_penalty_runs_one_block() -> None:

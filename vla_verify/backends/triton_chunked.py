@@ -82,6 +82,13 @@ DEFAULT_PENALTY_BLOCK = 1024
 #: ``dk × dk`` solve each (about 0.25 ms per block on the H200, the solve's LU), which grows
 #: past the blocks' gain beyond about 16 blocks (the measurements above).
 MAX_PENALTY_BLOCKS = 16
+#: The float64 chain's check of its products-only block starts: each block's end (the chain's
+#: own, from that block's start) and the next block's start agree to this relative error, or the
+#: starts are recomputed normalised.  The chain's float64 rounding over a block is far below it;
+#: a start error at it is far below the float32 state's rounding.
+BLOCK_START_RTOL = 1e-9
+#: How many calls recomputed their block starts (tests read it).
+BLOCK_START_FALLBACKS = [0]
 #: Largest dk and dv.
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
@@ -95,6 +102,7 @@ PLANTED_BUGS: dict[str, int] = {
     "nudge_one_step_late": kernels.BUG_NUDGE_ONE_STEP_LATE,
     "read_before_write": kernels.BUG_READ_BEFORE_WRITE,
     "block_starts_without_nudges": kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES,
+    "unchecked_block_starts": kernels.BUG_UNCHECKED_BLOCK_STARTS,
 }
 
 
@@ -148,6 +156,7 @@ def penalty_block_starts(
     nudge_period: int | None,
     nudge_eta: float,
     block: int,
+    normalise: bool = True,
 ) -> torch.Tensor:
     """The penalty ``A`` at the start of every block of ``block`` tokens (spec §2.3), float64.
 
@@ -162,6 +171,9 @@ def penalty_block_starts(
     re-normalises by one solve, ``A ← Π Θ^{-1}``, so that no product of many blocks' matrices
     (whose modes separate like ``(1 + √(η‖G‖))`` per period) is ever formed.  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
+    ``normalise=False`` applies the blocks' matrices to ``(A0, I)`` by products alone and solves
+    once for all blocks: a few launches instead of a solve per block, exact in exact arithmetic
+    but open to the modes' separation, so its caller checks the result (:func:`_forward`).
 
     Exact only where no Sherman–Morrison denominator is floored: ``δ = 1 + uᵀAu ≥ 1`` for a
     positive definite ``A``, so the caller runs one block when ``A0`` is not positive definite
@@ -209,6 +221,15 @@ def penalty_block_starts(
         B12 = B12 + eta[:, :, s] * B22
     left = torch.cat([B11, B21], dim=-2)  # [BH, NB, 2dk, dk]
     right = torch.cat([B12, B22], dim=-2)
+    if not normalise:
+        X = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π, Θ) = (A0, I)
+        Xs = [X]
+        for b in range(NB - 1):
+            X = left[:, b] @ X[:, :dk] + right[:, b] @ X[:, dk:]
+            Xs.append(X)
+        XX = torch.stack(Xs, dim=1)  # [BH, NB, 2dk, dk]
+        A = torch.linalg.solve(XX[:, :, dk:], XX[:, :, :dk], left=False)  # Π Θ^{-1}, all blocks
+        return 0.5 * (A + A.mT)
     A = A0
     starts = [A0]
     for b in range(NB - 1):
@@ -276,14 +297,22 @@ def _forward(
     # only where no denominator is floored (penalty_block_starts); else one block.
     block = penalty_block_length(T, CP, penalty_block) if parallel else CP * math.ceil(T / CP)
     NB = math.ceil(T / block)
-    A_starts = A0[:, None] if NB == 1 else penalty_block_starts(
-        u.permute(0, 2, 1, 3).reshape(BH, T, dk).to(torch.float64), A0, start=start_mod,
-        nudge_period=config.nudge_period, block=block,
-        nudge_eta=0.0 if bug == kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES else config.nudge_eta,
-    )  # fmt: skip
-    # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding rows and columns stay zero).
-    X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
-    X[:, :, :dk, :dk] = A_starts.mT.to(pd)
+    u64 = None if NB == 1 else u.permute(0, 2, 1, 3).reshape(BH, T, dk).to(torch.float64)
+
+    def starts(normalise: bool, planted: bool) -> torch.Tensor:
+        if u64 is None:
+            return A0[:, None]
+        return penalty_block_starts(
+            u64, A0, start=start_mod, nudge_period=config.nudge_period, block=block,
+            nudge_eta=0.0 if planted else config.nudge_eta, normalise=normalise,
+        )  # fmt: skip
+
+    # The float64 chain starts from the products-only block starts and checks them against its
+    # own block ends (below); the float32 chain's ends are too coarse for that check, so it
+    # takes the normalised starts.
+    scan = pd == torch.float64
+    scan_bug = bug in (kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES, kernels.BUG_UNCHECKED_BLOCK_STARTS)
+    A_starts = starts(normalise=not scan, planted=scan_bug)
     gates = torch.empty(BH, TP, BK, dtype=f32, device=dev)
     W = torch.empty(BH, NB, CP, BK, dtype=pd, device=dev)
     bkb = min(BK, 32)
@@ -295,11 +324,28 @@ def _forward(
     # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
     # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
     kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
-    kernels.penalty_chain_kernel[(BH, NB)](
-        kp, up, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
-        DK=dk, CPB=block // CP, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
-        NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
-    )  # fmt: skip
+
+    def penalty_chain(A_starts: torch.Tensor) -> torch.Tensor:
+        # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding stays zero); on exit
+        # each block's end Aᵀ.
+        X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
+        X[:, :, :dk, :dk] = A_starts.mT.to(pd)
+        kernels.penalty_chain_kernel[(BH, NB)](
+            kp, up, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
+            DK=dk, CPB=block // CP, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
+            NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
+        )  # fmt: skip
+        return X
+
+    X = penalty_chain(A_starts)
+    if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
+        # Each block's end, by the chain itself from its start, must be the next block's start.
+        ends = X[:, :-1, :dk, :dk].mT
+        scale = A_starts.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float64).tiny)
+        gap = (ends - A_starts[:, 1:]).abs().amax(dim=(-2, -1)) / scale[:, 1:]
+        if bool((gap > BLOCK_START_RTOL).any()):  # a device sync, once per call
+            BLOCK_START_FALLBACKS[0] += 1
+            X = penalty_chain(starts(normalise=True, planted=False))
     Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
     Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
     # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to

@@ -44,6 +44,8 @@ BUG_READ_BEFORE_WRITE = 2
 #: In the block starts (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts`): the
 #: blocks' matrices leave out the nudges.
 BUG_BLOCK_STARTS_WITHOUT_NUDGES = 3
+#: The same, with the check of the block starts against the chain's block ends skipped.
+BUG_UNCHECKED_BLOCK_STARTS = 4
 
 
 @triton.jit
