@@ -429,12 +429,14 @@ def analyse(out: dict[str, Any], path: Path) -> None:
             for (op, d, mode), series in sorted(by.items()):
                 if d == D and mode == "fwd":
                     Ts = sorted(series)
-                    ax.loglog(Ts, [series[T] for T in Ts], "o-", label=op)
+                    slope = fits.get(f"{op}_D{D}_{mode}")
+                    label = op if slope is None else f"{op} (∝ T^{slope:.2f})"
+                    ax.loglog(Ts, [series[T] for T in Ts], "o-", label=label)
             ax.set_title(f"D = {D}, forward, bf16, B = 1, H = 16")
-            ax.set_xlabel("T")
+            ax.set_xlabel("sequence length T (tokens)")
             ax.grid(True, which="both", alpha=0.3)
-        axes[0].set_ylabel("median ms")
-        axes[0].legend(fontsize=7)
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("forward latency, median (ms)")
         fig.tight_layout()
         fig.savefig(path.with_name("chunk_latency.png"), dpi=120)
     except Exception as exc:  # a plot is a convenience; the JSON holds the numbers
