@@ -73,9 +73,11 @@ def test_claims_command_writes_the_json_schema(tmp_path, capsys):
         assert c["counterexample"] is None or isinstance(c["counterexample"], str)
     printed = capsys.readouterr().out
     for c in data["claims"]:  # the table prints every claim with the verdict the JSON holds
-        assert any(
-            line.split()[:2] == [c["id"], c["verdict"]] for line in printed.splitlines()
-        ), (c["id"], c["verdict"], printed)
+        assert any(line.split()[:2] == [c["id"], c["verdict"]] for line in printed.splitlines()), (
+            c["id"],
+            c["verdict"],
+            printed,
+        )
     assert "# Claims ledger" in md.read_text()
 
 
