@@ -78,9 +78,10 @@ DEFAULT_PENALTY_CHUNK = 16
 #: take 64.0 / 38.7 / 21.7 / 19.1 ms at D = 64, one block of T tokens 20.6 ms (111 / 72.7 /
 #: 46.2 / 37.2 and 38.2 ms at D = 128).
 DEFAULT_PENALTY_BLOCK = 1024
-#: At most this many blocks: the block starts come from a loop over blocks with one batched
-#: ``dk × dk`` solve each (about 0.25 ms per block on the H200, the solve's LU), which grows
-#: past the blocks' gain beyond about 16 blocks (the measurements above).
+#: At most this many blocks: measured with a loop over blocks that solved once per block
+#: (about 0.14 ms of LU and triangular solves per block on the H200, plus the gaps between its
+#: launches), whose cost grew past the blocks' gain beyond about 16 blocks.  The float64 chain's
+#: checked products-only starts (one solve for all blocks) have not been timed.
 MAX_PENALTY_BLOCKS = 16
 #: The float64 chain's check of its products-only block starts: each block's end (the chain's
 #: own, from that block's start) and the next block's start agree to this relative error, or the
