@@ -1,7 +1,7 @@
 """GPU checks before a grid: the kernels the experiments train with agree with the references.
 
-1. fla's ``fused_recurrent_delta_rule`` (``scale=1``) against :func:`gated_delta_rule` (float32 and a
-   float64 reference): outputs and the gradients of q, k, v, β.
+1. fla's ``fused_recurrent_delta_rule`` (``scale=1``) against :func:`gated_delta_rule`
+   (float32 and a float64 reference): outputs and the gradients of q, k, v, β.
 2. A VLA backbone on ``triton_fused`` against the same weights on the ``torch`` backend: logits
    and every parameter's gradient.
 3. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256).

@@ -25,7 +25,7 @@ BUDGET=$(( GRID > 120 ? GRID - 90 : GRID / 4 ))
 echo "grid: ${GRID} s, new jobs for ${BUDGET} s"
 timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
   --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
-  --train "steps=$STEPS" --results "$RESULTS" > "$OUT/grid.log" 2>&1
+  --train "steps=$STEPS" --results "$RESULTS" ${GRID_ARGS:-} > "$OUT/grid.log" 2>&1
 echo "grid exit $? after $(( $(date +%s) - START )) s"
 tail -c 2500 "$OUT/grid.log"
 timeout 15 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -4

@@ -42,6 +42,11 @@ RUN: dict[str, Any] = {
     "grid_Ts": (1024, 4096, 16384, 65536),
     "grid_H": 16,
     "variant_T": 16384,
+    "variant_blocks": (None, 256, 512, 1024, 2048),
+    "long_variant_T": 65536,
+    "long_variant_blocks": (None, 1024, 2048, 4096),
+    # The chunked backward recomputes through torch_chunked (autograd keeps its intermediates).
+    "fwdbwd_chunked_max_T": 16384,
     "overhead_T": 1024,
 }
 SMOKE = {
@@ -57,6 +62,10 @@ SMOKE = {
     "grid_Ts": (64,),
     "grid_H": 2,
     "variant_T": 64,
+    "variant_blocks": (None, 32),
+    "long_variant_T": 64,
+    "long_variant_blocks": (16,),
+    "fwdbwd_chunked_max_T": 64,
     "overhead_T": 64,
 }
 
@@ -254,6 +263,56 @@ def _grid_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
     return fns
 
 
+def _grid_fwdbwd_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, Any]:
+    """Forward and backward (``torch.autograd.grad`` of ``o`` against the cotangent ``do``) of
+    every op of the grid; the chunked kernel only up to ``fwdbwd_chunked_max_T``."""
+    import torch
+    import torch.nn.functional as F
+
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.backends.triton_fused import fused_recurrent_vla
+    from vla_verify.bench import _grad_op
+
+    def leaves(*names: str) -> list[Any]:
+        return [x[n].detach().clone().requires_grad_(True) for n in names]
+
+    do = x["do"]
+    H = do.shape[2]
+    pd = _penalty_dtype(x, cfg)
+    beta = torch.ones(1, T, H, device=do.device, dtype=do.dtype)
+    gk = torch.zeros(1, T, H, D, device=do.device, dtype=torch.float32)
+    fns: dict[str, Any] = {}
+    if T <= RUN["fwdbwd_chunked_max_T"]:
+        fns["vla_triton_chunked"] = _grad_op(
+            lambda q, k, v, u: chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)[0],
+            leaves("q", "k", "v", "u"), do,
+        )  # fmt: skip
+    fns["vla_triton_fused"] = _grad_op(
+        lambda q, k, v, u: fused_recurrent_vla(q, k, v, u, config=cfg)[0],
+        leaves("q", "k", "v", "u"), do,
+    )  # fmt: skip
+    fns["sdpa"] = _grad_op(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ).transpose(1, 2),
+        leaves("q", "k", "v"), do,
+    )  # fmt: skip
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+    except Exception:  # fla missing on the machine: those rows are absent
+        return fns
+    fns["fla_chunk_delta"] = _grad_op(
+        lambda q, k, v: chunk_delta_rule(q, k, v, beta, scale=1.0)[0],
+        leaves("q_unit", "k_unit", "v"), do,
+    )  # fmt: skip
+    fns["fla_chunk_dplr"] = _grad_op(
+        lambda q, k, v: chunk_dplr_delta_rule(q, k, v, -k, k, gk, scale=1.0)[0],
+        leaves("q_unit", "k_unit", "v"), do,
+    )  # fmt: skip
+    return fns
+
+
 def _variant(x: dict[str, Any], cfg: Any, block: int | None) -> Any:
     from vla_verify.backends.triton_chunked import chunked_vla
 
@@ -265,7 +324,11 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     import torch
 
     from vla_verify import VLAConfig
-    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.backends.triton_chunked import (
+        BLOCK_START_FALLBACKS,
+        chunked_vla,
+        penalty_block_length,
+    )
     from vla_verify.bench import _inputs, time_ms
 
     cfg = VLAConfig()
@@ -276,42 +339,54 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     for D in RUN["grid_Ds"]:
         for T in Ts:
             x = _inputs(1, T, H, D, dt, dev)
-            fns = _grid_fns(x, cfg, T, D)
-            for op, fn in fns.items():
-                try:
-                    ms = time_ms(fn, device=dev)
-                except Exception as exc:
-                    _log("timing failed", op, D, T, repr(exc))
-                    continue
-                rec = {"op": op, "B": 1, "T": T, "H": H, "D": D, "dtype": str(dt)[6:],
-                       "mode": "fwd", "median_ms": ms}  # fmt: skip
-                if op == "vla_triton_chunked":
-                    rec["penalty_dtype"] = _penalty_dtype(x, cfg)
-                recs.append(rec)
-                _log(rec)
-                if RUN.get("path"):  # keep what is measured if the run is cut short
-                    RUN["path"].write_text(json.dumps(out, indent=1))
+            for mode, make in (("fwd", _grid_fns), ("fwdbwd", _grid_fwdbwd_fns)):
+                fns = make(x, cfg, T, D)
+                for op, fn in fns.items():
+                    before = BLOCK_START_FALLBACKS[0]
+                    try:
+                        ms = time_ms(fn, device=dev)
+                    except Exception as exc:
+                        _log("timing failed", op, mode, D, T, repr(exc)[:400])
+                        continue
+                    rec = {"op": op, "B": 1, "T": T, "H": H, "D": D, "dtype": str(dt)[6:],
+                           "mode": mode, "median_ms": ms}  # fmt: skip
+                    if op == "vla_triton_chunked":
+                        rec["penalty_dtype"] = _penalty_dtype(x, cfg)
+                        rec["block_tokens"] = penalty_block_length(T, 16)
+                        rec["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
+                    recs.append(rec)
+                    _log(rec)
+                    if RUN.get("path"):  # keep what is measured if the run is cut short
+                        RUN["path"].write_text(json.dumps(out, indent=1))
             del x, fns
             torch.cuda.empty_cache()
 
     # Penalty-chain blocks (the default, and fixed lengths; one block of T tokens is the chain
-    # in one pass) and the kernel breakdown at variant_T.
-    from vla_verify.backends.triton_chunked import penalty_block_length
-
+    # in one pass) and the kernel breakdown at variant_T; the default and longer blocks at
+    # long_variant_T for the first width.
     var = out["variants"]
     VT = RUN["variant_T"]
     for D in RUN["grid_Ds"]:
+        plans = [(VT, (*RUN["variant_blocks"], 16 * -(-VT // 16)))]
+        if D == RUN["grid_Ds"][0]:
+            plans.append((RUN["long_variant_T"], RUN["long_variant_blocks"]))
+        for T, blocks in plans:
+            x = _inputs(1, T, H, D, dt, dev)
+            for block in blocks:
+                before = BLOCK_START_FALLBACKS[0]
+                try:
+                    ms = time_ms(_variant(x, cfg, block), device=dev)
+                    fallbacks = BLOCK_START_FALLBACKS[0] - before
+                    var.append({"D": D, "T": T, "penalty_block": block,
+                                "block_tokens": penalty_block_length(T, 16, block),
+                                "median_ms": ms, "block_start_fallbacks": fallbacks})  # fmt: skip
+                    _log(var[-1])
+                except Exception as exc:
+                    _log("variant failed", D, T, block, repr(exc)[:400])
+                if RUN.get("path"):
+                    RUN["path"].write_text(json.dumps(out, indent=1))
         x = _inputs(1, VT, H, D, dt, dev)
         q, k, v, u = (x[n] for n in "qkvu")
-        for block in (None, 128, 512, 1024, 16 * -(-VT // 16)):
-            try:
-                ms = time_ms(_variant(x, cfg, block), device=dev)
-                var.append({"D": D, "T": VT, "penalty_block": block,
-                            "block_tokens": penalty_block_length(VT, 16, block),
-                            "median_ms": ms})  # fmt: skip
-                _log(var[-1])
-            except Exception as exc:
-                _log("variant failed", D, block, repr(exc))
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -412,11 +487,12 @@ def analyse(out: dict[str, Any], path: Path) -> None:
             fits[f"{op}_D{D}_{mode}"] = round(float(slope), 3)
     cross = {}
     for D in sorted({r["D"] for r in out["records"]}):
-        chunked = by.get(("vla_triton_chunked", D, "fwd"), {})
-        for other in ("sdpa", "vla_triton_fused", "fla_chunk_dplr"):
-            ref = by.get((other, D, "fwd"), {})
-            if chunked and ref:
-                cross[f"fwd_D{D}_chunked_beats_{other}_from_T"] = _crossing(chunked, ref)
+        for mode in ("fwd", "fwdbwd"):
+            chunked = by.get(("vla_triton_chunked", D, mode), {})
+            for other in ("sdpa", "vla_triton_fused", "fla_chunk_dplr"):
+                ref = by.get((other, D, mode), {})
+                if chunked and ref:
+                    cross[f"{mode}_D{D}_chunked_beats_{other}_from_T"] = _crossing(chunked, ref)
     out["analysis"] = {"exponents": fits, "crossovers": cross}
     try:
         import matplotlib
@@ -424,19 +500,22 @@ def analyse(out: dict[str, Any], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        for ax, D in zip(axes, (64, 128), strict=False):
-            for (op, d, mode), series in sorted(by.items()):
-                if d == D and mode == "fwd":
-                    Ts = sorted(series)
-                    slope = fits.get(f"{op}_D{D}_{mode}")
-                    label = op if slope is None else f"{op} (∝ T^{slope:.2f})"
-                    ax.loglog(Ts, [series[T] for T in Ts], "o-", label=label)
-            ax.set_title(f"D = {D}, forward, bf16, B = 1, H = 16")
-            ax.set_xlabel("sequence length T (tokens)")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        axes[0].set_ylabel("forward latency, median (ms)")
+        modes = [m for m in ("fwd", "fwdbwd") if any(k[2] == m for k in by)]
+        fig, grid = plt.subplots(len(modes), 2, figsize=(10, 4 * len(modes)), squeeze=False)
+        words = {"fwd": "forward", "fwdbwd": "forward + backward"}
+        for row, mode in zip(grid, modes, strict=True):
+            for ax, D in zip(row, (64, 128), strict=True):
+                for (op, d, m), series in sorted(by.items()):
+                    if d == D and m == mode:
+                        Ts = sorted(series)
+                        slope = fits.get(f"{op}_D{D}_{mode}")
+                        label = op if slope is None else f"{op} (∝ T^{slope:.2f})"
+                        ax.loglog(Ts, [series[T] for T in Ts], "o-", label=label)
+                ax.set_title(f"D = {D}, {words[mode]}, bf16, B = 1, H = 16")
+                ax.set_xlabel("sequence length T (tokens)")
+                ax.set_ylabel(f"{words[mode]} latency, median (ms)")
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path.with_name("chunk_latency.png"), dpi=120)
     except Exception as exc:  # a plot is a convenience; the JSON holds the numbers
@@ -605,6 +684,9 @@ def main() -> None:
     )
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument(
+        "--correctness-only", action="store_true", help="every correctness step, no timing"
+    )
+    ap.add_argument(
         "--quick-correctness",
         action="store_true",
         help="the quick correctness steps, then the whole grid (T to 65536)",
@@ -628,6 +710,8 @@ def main() -> None:
             correctness(out, a.quick or a.quick_correctness)
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
+        if a.correctness_only:
+            return
         timing(out, a.quick)
         analyse(out, path)
 

@@ -88,6 +88,8 @@ MAX_PENALTY_BLOCKS = 16
 #: starts are recomputed normalised.  The chain's float64 rounding over a block is far below it;
 #: a start error at it is far below the float32 state's rounding.
 BLOCK_START_RTOL = 1e-9
+#: Bytes of float64 piece matrices that :func:`penalty_block_starts` holds at once.
+_PIECE_BYTES = 256 * 2**20
 #: How many calls recomputed their block starts (tests read it).
 BLOCK_START_FALLBACKS = [0]
 #: Largest dk and dv.
@@ -166,15 +168,18 @@ def penalty_block_starts(
     block 0 starting from ``A0``.
 
     Writing ``A = Π Θ^{-1}``, a Sherman–Morrison step is ``Θ ← Θ + u uᵀ Π`` and a nudge
-    ``Π ← Π + η Θ``: both are linear in ``(Π, Θ)``, so a block's effect is one ``2dk × 2dk``
-    matrix, built from the blocks' pieces between nudges (``G = Σ u uᵀ`` per piece) for all
-    blocks at once.  The loop over blocks then applies each block's matrix to ``(A, I)`` and
-    re-normalises by one solve, ``A ← Π Θ^{-1}``, so that no product of many blocks' matrices
-    (whose modes separate like ``(1 + √(η‖G‖))`` per period) is ever formed.  Without nudges
+    ``Π ← Π + η Θ``: both are linear in ``(Π, Θ)``.  A piece of tokens between nudges with
+    ``G = Σ u uᵀ`` followed by a nudge ``η`` (0 if none) acts on the stacked ``(Π; Θ)`` as the
+    ``2dk × 2dk`` matrix ``E = [[I + ηG, ηI], [G, I]]``, and a block as the product of its
+    pieces' matrices, formed for all blocks at once by a pairwise tree (``⌈log₂ m⌉`` batched
+    products for ``m`` pieces per block).  ``normalise=True`` then applies each block's matrix
+    to ``(A, I)`` and re-normalises by one solve, ``A ← Π Θ^{-1}``, block after block, so that
+    no product of many blocks' matrices (whose modes separate like ``(1 + √(η‖G‖))`` per
+    period) is ever formed.  ``normalise=False`` forms the blocks' prefix products by a scan
+    (``⌈log₂ NB⌉`` batched products), applies them to ``(A0, I)`` and solves once for all
+    blocks: a few launches instead of a solve per block, exact in exact arithmetic but open to
+    the modes' separation, so its caller checks the result (:func:`_forward`).  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
-    ``normalise=False`` applies the blocks' matrices to ``(A0, I)`` by products alone and solves
-    once for all blocks: a few launches instead of a solve per block, exact in exact arithmetic
-    but open to the modes' separation, so its caller checks the result (:func:`_forward`).
 
     Exact only where no Sherman–Morrison denominator is floored: ``δ = 1 + uᵀAu ≥ 1`` for a
     positive definite ``A``, so the caller runs one block when ``A0`` is not positive definite
@@ -208,33 +213,41 @@ def penalty_block_starts(
     nudged = torch.zeros(NB * m, dtype=f64, device=dev)
     nudged.index_put_((piece,), (g % P == 0).to(f64), accumulate=True)
     eta = (nudged.view(NB, m) * nudge_eta)[None, :, :, None, None]
-    # The block's matrix [[B11, B12], [B21, B22]] acting on (Π, Θ), piece after piece.
-    B11 = eye.expand(BH, NB, dk, dk).clone()
-    B22 = B11.clone()
-    B12 = torch.zeros_like(B11)
-    B21 = torch.zeros_like(B11)
-    for s in range(m):
-        Us = Up[:, :, s]
-        G = Us.mT @ Us
-        B21 = B21 + G @ B11
-        B22 = B22 + G @ B12
-        B11 = B11 + eta[:, :, s] * B21
-        B12 = B12 + eta[:, :, s] * B22
-    left = torch.cat([B11, B21], dim=-2)  # [BH, NB, 2dk, dk]
-    right = torch.cat([B12, B22], dim=-2)
+    # The block's matrix E_{m-1} ⋯ E_0: pairwise trees over groups of pieces (an odd last
+    # matrix carries over), the groups sized to keep their matrices within _PIECE_BYTES.
+    group = max(1, min(m, _PIECE_BYTES // (BH * NB * (2 * dk) ** 2 * 8)))
+    Bm = None
+    for s0 in range(0, m, group):
+        Us = Up[:, :, s0 : s0 + group]
+        G = Us.mT @ Us  # [BH, NB, group, dk, dk]
+        e = eta[:, :, s0 : s0 + group]
+        E = torch.empty(*G.shape[:3], 2 * dk, 2 * dk, dtype=f64, device=dev)
+        E[..., :dk, :dk] = eye + e * G
+        E[..., :dk, dk:] = e * eye
+        E[..., dk:, :dk] = G
+        E[..., dk:, dk:] = eye
+        while E.shape[2] > 1:
+            pairs = E.shape[2] // 2
+            prod = E[:, :, 1 : 2 * pairs : 2] @ E[:, :, 0 : 2 * pairs : 2]
+            E = torch.cat([prod, E[:, :, 2 * pairs :]], dim=2)
+        Bm = E[:, :, 0] if Bm is None else E[:, :, 0] @ Bm
+    assert Bm is not None  # m >= 2
+    X0 = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π; Θ) = (A0; I)
     if not normalise:
-        X = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π, Θ) = (A0, I)
-        Xs = [X]
-        for b in range(NB - 1):
-            X = left[:, b] @ X[:, :dk] + right[:, b] @ X[:, dk:]
-            Xs.append(X)
-        XX = torch.stack(Xs, dim=1)  # [BH, NB, 2dk, dk]
+        # Inclusive prefix products Bm_b ⋯ Bm_0 (Hillis–Steele scan); block b starts from the
+        # product of the blocks before it.
+        Pf = Bm[:, :-1]
+        step = 1
+        while step < NB - 1:
+            Pf = torch.cat([Pf[:, :step], Pf[:, step:] @ Pf[:, :-step]], dim=1)
+            step *= 2
+        XX = torch.cat([X0[:, None], Pf @ X0[:, None]], dim=1)  # [BH, NB, 2dk, dk]
         A = torch.linalg.solve(XX[:, :, dk:], XX[:, :, :dk], left=False)  # Π Θ^{-1}, all blocks
         return 0.5 * (A + A.mT)
     A = A0
     starts = [A0]
     for b in range(NB - 1):
-        NumDen = torch.baddbmm(right[:, b], left[:, b], A)
+        NumDen = Bm[:, b, :, :dk] @ A + Bm[:, b, :, dk:]
         A = torch.linalg.solve(NumDen[:, dk:], NumDen[:, :dk], left=False)  # Π Θ^{-1}
         A = 0.5 * (A + A.mT)
         starts.append(A)
