@@ -683,6 +683,13 @@ def main() -> None:
         help="the oracle check at T = 4096, then the grid at T <= 16384 (no validate)",
     )
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--D", type=int, nargs="+", default=None, help="the grid's head widths")
+    ap.add_argument(
+        "--fwdbwd-chunked-max-T",
+        type=int,
+        default=None,
+        help="time the chunked forward + backward up to this T (default %(default)s: the run's)",
+    )
     ap.add_argument(
         "--correctness-only", action="store_true", help="every correctness step, no timing"
     )
@@ -697,6 +704,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.smoke:
         RUN.update(SMOKE)
+    if a.D:
+        RUN["grid_Ds"] = tuple(a.D)
+    if a.fwdbwd_chunked_max_T is not None:
+        RUN["fwdbwd_chunked_max_T"] = a.fwdbwd_chunked_max_T
     from vla_verify.bench import machine_info
 
     out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "records": [],
