@@ -42,6 +42,7 @@ RUN: dict[str, Any] = {
     "grid_Ts": (1024, 4096, 16384, 65536),
     "grid_H": 16,
     "variant_T": 16384,
+    "variant_Ds": (64, 128),
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
     "long_variant_blocks": (None, 1024, 2048, 4096),
@@ -62,6 +63,7 @@ SMOKE = {
     "grid_Ts": (64,),
     "grid_H": 2,
     "variant_T": 64,
+    "variant_Ds": (16,),
     "variant_blocks": (None, 32),
     "long_variant_T": 64,
     "long_variant_blocks": (16,),
@@ -366,9 +368,9 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     # long_variant_T for the first width.
     var = out["variants"]
     VT = RUN["variant_T"]
-    for D in RUN["grid_Ds"]:
+    for D in RUN["variant_Ds"]:
         plans = [(VT, (*RUN["variant_blocks"], 16 * -(-VT // 16)))]
-        if D == RUN["grid_Ds"][0]:
+        if D == RUN["variant_Ds"][0]:
             plans.append((RUN["long_variant_T"], RUN["long_variant_blocks"]))
         for T, blocks in plans:
             x = _inputs(1, T, H, D, dt, dev)
