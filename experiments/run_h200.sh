@@ -29,5 +29,10 @@ timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
 echo "grid exit $? after $(( $(date +%s) - START )) s"
 tail -c 2500 "$OUT/grid.log"
 timeout 15 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -4
-tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+# The device returns at most 8 files of 16 MiB each (64 MiB in all): the results without
+# the checkpoints of paused jobs in one archive, the checkpoints in 15 MiB parts
+# (`cat checkpoints.tar.part-* | tar -x -C experiments/results` joins them).
+tar -czf "$OUT/results.tar.gz" -C "$RESULTS" --exclude=checkpoints .
+(cd "$RESULTS" && find . -path '*/checkpoints/*.pt' | tar -cf - -T -) \
+  | split -b 15M -d -a 1 - "$OUT/checkpoints.tar.part-"
 ls -la "$OUT"

@@ -50,6 +50,23 @@ def test_without_a_measured_crossover_every_forward_is_recurrent(kernels, monkey
         assert ops.choose(T, training=False) == "recurrent"
 
 
+def test_the_measured_crossover_picks_the_chunked_kernel_for_long_narrow_prefill(kernels) -> None:
+    T = ops.FORWARD_CROSSOVER_T
+    assert T is not None  # measured: benchmarks/results/h200/chunk.json
+    assert ops.choose(T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK) == "chunked"
+    assert ops.choose(T - 1, training=False, dk=64) == "recurrent"
+    assert ops.choose(4 * T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK + 1) == "recurrent"
+    assert ops.choose(4 * T, training=True, dk=64) == "recurrent"
+
+
+def test_wide_keys_run_the_recurrent_kernel_at_any_length(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_MAX_DK", 2)
+    assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "recurrent"  # dk = 4 > 2
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_MAX_DK", 4)
+    assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "chunked"
+
+
 def test_long_prefill_runs_the_chunked_kernel(kernels, monkeypatch) -> None:
     monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)  # the rule, whatever the measurement
     T = ops.FORWARD_CROSSOVER_T

@@ -4,8 +4,8 @@
   sequences and decoding, and for training (it has a Triton backward; the chunked kernel's
   backward recomputes through PyTorch, :mod:`vla_verify.backends.triton_chunked`).
 - The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
-  ``T >= FORWARD_CROSSOVER_T`` (long prefill), when that crossover exists (``None``: the
-  measured chunked forward is slower at every length, so every call runs the recurrent kernel).
+  ``T >= FORWARD_CROSSOVER_T`` (long prefill) with keys at most ``FORWARD_CROSSOVER_MAX_DK``
+  wide, the lengths and widths where it was measured faster.
 
 Both compute spec §2.3 with every :class:`~vla_verify.spec.VLAConfig` field and ``start``
 honoured; the choice only changes speed and rounding.  torch and triton are imported on the
@@ -22,17 +22,29 @@ from typing import Any
 
 from .spec import VLAConfig
 
-__all__ = ["FORWARD_CROSSOVER_T", "TRAINING_CROSSOVER_T", "choose", "vla"]
+__all__ = [
+    "FORWARD_CROSSOVER_MAX_DK",
+    "FORWARD_CROSSOVER_T",
+    "TRAINING_CROSSOVER_T",
+    "choose",
+    "vla",
+]
 
-#: Sequence length from which the forward runs the chunked kernel; ``None``: never.  Measured on
-#: the H200 (B = 1, H = 16, bf16, paper preset, T = 1024–16384, ``benchmarks/results/h200/
-#: chunk.json``): the chunked forward takes 2.1–2.5× the recurrent kernel's time at every T and
-#: both scale as T¹·⁰, since its sequential float64 penalty chain holds 83–88% of its time
-#: (``docs/design/triton_chunked.md``, "Measured times").  The chunked kernel stays reachable
-#: with ``kernel="chunked"``.
-FORWARD_CROSSOVER_T: int | None = None
+#: Sequence length from which the forward runs the chunked kernel, for key widths up to
+#: :data:`FORWARD_CROSSOVER_MAX_DK`; ``None``: never.  Measured on the H200 (B = 1, H = 16,
+#: bf16, paper preset, ``benchmarks/results/h200/chunk.json``, side by side): at D = 64 the
+#: chunked forward takes 6.14 ms against the recurrent kernel's 3.43 ms at T = 4096, 11.0 against
+#: 13.7 ms at 16384 and 38.7 against 54.7 ms at 65536; the log-linear interpolation crosses at
+#: T ≈ 11 300, and the rule takes the first measured length at which the chunked kernel is
+#: faster.  The chunked kernel stays reachable with ``kernel="chunked"``.
+FORWARD_CROSSOVER_T: int | None = 16384
+#: The widest key dimension the forward crossover holds for: at D = 128 the chunked forward is
+#: slower at every measured length (33.9 against 18.5 ms at T = 16384, 122 against 74.0 ms at
+#: 65536; its float64 block-start products grow as dk³), so wider keys run the recurrent kernel.
+FORWARD_CROSSOVER_MAX_DK = 64
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel;
-#: ``None``: never, since its backward is not a Triton kernel yet.
+#: ``None``: never, since its backward is not a Triton kernel yet (it recomputes through
+#: PyTorch: 768 ms against the recurrent kernel's 94.5 ms at D = 64, T = 16384).
 TRAINING_CROSSOVER_T: int | None = None
 
 _KERNELS: dict[str, Any] = {}
@@ -49,11 +61,14 @@ def _kernel(name: str) -> Any:
     return fn
 
 
-def choose(T: int, training: bool) -> str:
-    """``"chunked"`` or ``"recurrent"`` for a call of ``T`` tokens (module docstring)."""
+def choose(T: int, training: bool, dk: int | None = None) -> str:
+    """``"chunked"`` or ``"recurrent"`` for a call of ``T`` tokens with key width ``dk``
+    (``None``: any width the crossover holds for; module docstring)."""
     if training:
         if TRAINING_CROSSOVER_T is not None and T >= TRAINING_CROSSOVER_T:
             return "chunked"
+        return "recurrent"
+    if dk is not None and dk > FORWARD_CROSSOVER_MAX_DK:
         return "recurrent"
     if FORWARD_CROSSOVER_T is not None and T >= FORWARD_CROSSOVER_T:
         return "chunked"
@@ -88,7 +103,7 @@ def vla(
     """
     if kernel is None:
         training = q.requires_grad or k.requires_grad or v.requires_grad or u.requires_grad
-        kernel = choose(q.shape[1], training)
+        kernel = choose(q.shape[1], training, q.shape[-1])
     elif kernel not in ("chunked", "recurrent"):
         from .errors import VLAInputError
 

@@ -73,15 +73,14 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 DEFAULT_PENALTY_CHUNK = 16
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least: see :func:`penalty_block_length`.  The
-#: fastest measured on the H200 (B = 1, H = 16, bf16, T = 16384, paper preset;
-#: ``benchmarks/results/h200/chunk.json``, "variants"): blocks of 128 / 256 / 512 / 1024 tokens
-#: take 64.0 / 38.7 / 21.7 / 19.1 ms at D = 64, one block of T tokens 20.6 ms (111 / 72.7 /
-#: 46.2 / 37.2 and 38.2 ms at D = 128).
+#: fastest measured on the H200 at D = 64 (B = 1, H = 16, bf16, T = 16384, paper preset;
+#: ``benchmarks/results/h200/chunk.json``, "variants"): blocks of 256 / 512 / 1024 / 2048
+#: tokens take 13.1 / 11.6 / 11.0 / 11.5 ms, one block of T tokens 20.6 ms (41.2 / 34.8 / 33.9 /
+#: 33.2 and 38.1 ms at D = 128).
 DEFAULT_PENALTY_BLOCK = 1024
-#: At most this many blocks: measured with a loop over blocks that solved once per block
-#: (about 0.14 ms of LU and triangular solves per block on the H200, plus the gaps between its
-#: launches), whose cost grew past the blocks' gain beyond about 16 blocks.  The float64 chain's
-#: checked products-only starts (one solve for all blocks) have not been timed.
+#: At most this many blocks.  At T = 65536, D = 64 (the same run) 64 blocks of 1024 tokens take
+#: 38.9 ms, 32 of 2048 38.2 ms and 16 of 4096 38.3 ms: past 16 blocks the penalty chain is no
+#: longer what the forward waits on.
 MAX_PENALTY_BLOCKS = 16
 #: The float64 chain's check of its products-only block starts: each block's end (the chain's
 #: own, from that block's start) and the next block's start agree to this relative error, or the

@@ -23,7 +23,14 @@ __all__ = ["markdown", "plots", "write_report"]
 def _fmt(cell: dict[str, Any] | None) -> str:
     if not cell:
         return "—"
-    extra = " [positions]" if cell.get("setting", {}).get("model", {}).get("positions") else ""
+    setting = cell.get("setting", {})
+    model, train = setting.get("model", {}), setting.get("train", {})
+    notes = ["positions"] if model.get("positions") else []
+    if model.get("embedding_std") is not None:
+        notes.append(f"embedding std {model['embedding_std']}")
+    if "steps" in train:
+        notes.append(f"{train['steps']} steps")
+    extra = f" [{', '.join(notes)}]" if notes else ""
     return f"{cell['mean']:.3f} ± {cell['std']:.3f} ({len(cell['values'])}){extra}"
 
 
@@ -53,7 +60,9 @@ def markdown(data: dict[str, Any]) -> str:
         "## The paper's recall figures (spec §3 C10)",
         "",
         f"Test exact-match accuracy, mean ± std (seeds); a figure needs {MIN_SEEDS} seeds. "
-        "[positions]: the setting chosen on validation has learned position embeddings.",
+        "In brackets, what the setting chosen on validation sets apart from the grid's "
+        "defaults: learned position embeddings, the embeddings' initial standard deviation "
+        "(PyTorch's N(0, 1) otherwise), the number of training steps.",
         "",
         "| figure | paper | measured | learning rate |",
         "|---|---|---|---|",
