@@ -298,3 +298,20 @@ def test_grids_cover_the_paper_figures_with_unique_keys():
     assert max(j.task_params["seq_len"] for j in grid_jobs("mqar_length")) == 2048
     softmax = {json.dumps(j.model) for j in grid_jobs("mqar", sizes=(24,)) if j.mixer == "softmax"}
     assert softmax == {"{}", '{"positions": true}'}
+
+
+def test_embedding_std_sets_the_initial_logit_scale_and_bad_values_are_refused():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 128, (4, 32))
+    default = Backbone(ModelConfig(mixer="linear"))(tokens)
+    small = Backbone(ModelConfig(mixer="linear", embedding_std=0.02, positions=True))
+    assert float(small.embedding.weight.std()) == pytest.approx(0.02, rel=0.1)
+    assert small.position is not None
+    assert float(small.position.weight.std()) == pytest.approx(0.02, rel=0.1)
+    # N(0, 1) tied embeddings give logits of std ≈ √d_model; 0.02 gives logits near zero.
+    assert float(default.std()) > 5.0
+    assert float(small(tokens).std()) < 0.5
+    for bad in (0.0, -0.1, True):
+        with pytest.raises(ConfigError) as info:
+            ModelConfig(embedding_std=bad)
+        assert info.value.argument == "embedding_std"
