@@ -2,7 +2,7 @@
 # One GPU run of the C10 cells: checks first, then the grid, then the report, all under $OUT.
 #   bash experiments/run_h200.sh OUT COMMIT LIMIT_S WORKERS STEPS LR [LR...]
 # LIMIT_S bounds the whole script: the grid gets what the checks left (less 25 s for the report
-# and the archive) and starts no job in its last 90 s.  Results resume from the committed
+# and the archive) and starts no job in its last 90 s.  GRID_ARGS (below) may hold several runs.  Results resume from the committed
 # experiments/results and come back as results.tar.gz (the device returns at most 8 files).
 set -u
 START=$(date +%s)
@@ -23,11 +23,19 @@ tail -c 1200 "$OUT/gpu_check.log"
 GRID=$(( LIMIT - ($(date +%s) - START) - 25 ))
 BUDGET=$(( GRID > 120 ? GRID - 90 : GRID / 4 ))
 echo "grid: ${GRID} s, new jobs for ${BUDGET} s"
-timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
-  --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
-  --train "steps=$STEPS" --results "$RESULTS" ${GRID_ARGS:-} > "$OUT/grid.log" 2>&1
-echo "grid exit $? after $(( $(date +%s) - START )) s"
-tail -c 2500 "$OUT/grid.log"
+# GRID_ARGS: options for the grid's `run`, one line per run; the runs go side by side, each
+# with WORKERS processes, their results in the one folder.
+N=0
+while IFS= read -r ARGS || [ -n "$ARGS" ]; do
+  # shellcheck disable=SC2086
+  timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
+    --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
+    --train "steps=$STEPS" --results "$RESULTS" $ARGS > "$OUT/grid$N.log" 2>&1 &
+  N=$(( N + 1 ))
+done <<< "${GRID_ARGS:-}"
+wait
+echo "grids done after $(( $(date +%s) - START )) s"
+for LOG in "$OUT"/grid*.log; do echo "== $LOG"; tail -c 1200 "$LOG"; done
 timeout 15 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -4
 # The device returns at most 8 files of 16 MiB each (64 MiB in all): the results without
 # the checkpoints of paused jobs in one archive, the checkpoints in 15 MiB parts

@@ -6,6 +6,9 @@ Profiles (``HYPOTHESIS_PROFILE``; default ``ci`` when ``$CI`` is set, else ``dev
 - ``ci``: 25 examples, derandomised (the same examples every run), no deadline;
 - ``thorough``: 1000 examples, the long searches.
 
+Tests marked ``slow`` (a long interpreter run, the whole ledger) run under ``thorough`` or with
+``--run-slow``; the other profiles skip them, so that the README's test command stays a CI run.
+
 ``VLA_VERIFY_BACKENDS=a,b`` picks the backends that the backend-parametrised tests run against
 (default ``all``: every backend this machine can run); the choice is printed in the report
 header.
@@ -43,6 +46,23 @@ settings.register_profile("ci", max_examples=25, derandomize=True, database=None
 settings.register_profile("thorough", max_examples=1000, **_common)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(PROFILE)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        help="also run the tests marked slow (the thorough profile runs them anyway)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if PROFILE == "thorough" or config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: runs with --run-slow or HYPOTHESIS_PROFILE=thorough")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -315,3 +315,47 @@ def test_embedding_std_sets_the_initial_logit_scale_and_bad_values_are_refused()
         with pytest.raises(ConfigError) as info:
             ModelConfig(embedding_std=bad)
         assert info.value.argument == "embedding_std"
+
+
+def test_short_conv_is_causal_of_its_width_and_bad_widths_are_refused():
+    from vla_verify.experiments.model import ShortConvolution
+
+    torch.manual_seed(0)
+    conv = ShortConvolution(3, 4)
+    x = torch.randn(2, 10, 3, requires_grad=True)
+    conv(x)[0, 5].sum().backward()
+    assert x.grad is not None
+    reads = (x.grad[0].abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert reads == [2, 3, 4, 5]  # tokens t − 3 … t, nothing later
+    # In a layer, a later token changes no earlier output.
+    layer = Backbone(ModelConfig(mixer="deltanet", short_conv=4, **TINY))
+    tokens = torch.randint(2, 24, (1, 12))
+    changed = tokens.clone()
+    changed[0, 8] = (tokens[0, 8] + 1 - 2) % 22 + 2
+    with torch.no_grad():
+        a, b = layer(tokens), layer(changed)
+    assert torch.equal(a[0, :8], b[0, :8]) and not torch.equal(a[0, 8:], b[0, 8:])
+    assert ModelConfig(short_conv=0).short_conv == 0
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ConfigError) as info:
+            ModelConfig(short_conv=bad)
+        assert info.value.argument == "short_conv"
+
+
+def test_a_table_cell_names_what_its_setting_sets_apart():
+    from vla_verify.experiments.report import _fmt
+
+    cell = {
+        "mean": 0.5,
+        "std": 0.1,
+        "values": [0.4, 0.5, 0.6],
+        "setting": {
+            "model": {"positions": True, "short_conv": 4, "embedding_std": 0.02},
+            "train": {"steps": 4000},
+        },
+    }
+    assert _fmt(cell) == (
+        "0.500 ± 0.100 (3) [positions, short conv 4, embedding std 0.02, 4000 steps]"
+    )
+    assert _fmt({**cell, "setting": {}}) == "0.500 ± 0.100 (3)"
+    assert _fmt(None) == "—"

@@ -17,14 +17,21 @@ Mixers (:data:`MIXERS`):
   ``torch_chunked`` refuses the paper preset's nudge period of 20; ``triton_fused`` on CUDA);
 - ``linear`` — spec §2.4 linear attention through ``torch_chunked``;
 - ``delta`` — spec §2.4 ``delta`` (β = 1, φ features, the z read-out) through ``torch_chunked``;
-- ``deltanet`` — the standard DeltaNet: ``q``, ``k`` L2-normalised projections (no φ),
+- ``deltanet`` — DeltaNet: ``q``, ``k`` L2-normalised projections (no φ),
   ``β_t = sigmoid(W_β x_t)`` per head, ``S_t = S_{t-1} + β_t (v_t − S_{t-1} k_t) k_tᵀ``,
   ``o_t = S_t q_t`` (no z read-out).  The repository's ``delta`` variant has β = 1 only, so the
   β-gated rule is written here (:func:`gated_delta_rule`); on CUDA, when flash-linear-attention
   is installed, its ``fused_recurrent_delta_rule`` kernel computes the same thing (``scale=1``)
-  in float32, as the other mixers train (fla's ``chunk_delta_rule`` refuses float32);
+  in float32, as the other mixers train (fla's ``chunk_delta_rule`` refuses float32).  With
+  ``short_conv=4`` (below) it is the standard DeltaNet layer's mixing;
 - ``softmax`` — causal scaled-dot-product attention on the raw projections ``W_q x``, ``W_k x``
   (the standard transformer; φ would only restrict its scores).
+
+``ModelConfig.short_conv`` = w > 0 passes each of the three projections ``W_q x``, ``W_k x``,
+``W_v x`` through its own depthwise causal convolution of width w followed by SiLU
+(:class:`ShortConvolution`) before anything else reads them — the short convolution of the
+standard DeltaNet layer (width 4 there), absent from the spec §2.5 backbone.  It lets a token's
+key see the tokens just before it, which associative recall needs (a value follows its key).
 
 Heads are ``d_h = d_model / n_heads`` wide.  Every module is plain ``nn.Module``; the backend
 is looked up once per layer with :func:`vla_verify.backends.get`.
@@ -51,6 +58,7 @@ __all__ = [
     "AttentionLayer",
     "Backbone",
     "ModelConfig",
+    "ShortConvolution",
     "default_backend",
     "gated_delta_rule",
 ]
@@ -87,6 +95,7 @@ class ModelConfig:
     positions: bool = False
     max_len: int = 2048
     embedding_std: float | None = None
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -95,6 +104,14 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"expected a positive integer, got {value!r}")
+        if (
+            isinstance(self.short_conv, bool)
+            or not isinstance(self.short_conv, int)
+            or self.short_conv < 0
+        ):
+            raise ConfigError(
+                "short_conv", f"expected a convolution width >= 0, got {self.short_conv!r}"
+            )
         if self.d_model % self.n_heads:
             raise ConfigError(
                 "n_heads", f"expected a divisor of d_model={self.d_model}, got {self.n_heads}"
@@ -153,6 +170,23 @@ def gated_delta_rule(
     return torch.stack(outputs, dim=1), S
 
 
+class ShortConvolution(nn.Module):
+    """A depthwise causal convolution of width ``width`` over time, then SiLU: ``[B, T, C] ->
+    [B, T, C]``, output ``t`` reading inputs ``t − width + 1 … t`` (zeros before the start)."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.conv = nn.Conv1d(
+            channels, channels, width, groups=channels, padding=width - 1, bias=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Padding both ends by width − 1 and keeping the first T outputs makes it causal.
+        y = self.conv(x.transpose(1, 2))[..., : x.shape[1]]
+        return F.silu(y).transpose(1, 2)
+
+
 def _fla_delta_rule() -> Any:
     """fla's ``fused_recurrent_delta_rule`` (float32 in and out, forward and backward), or None
     when flash-linear-attention is not installed."""
@@ -181,6 +215,11 @@ class AttentionLayer(nn.Module):
         bound = 1.0 / math.sqrt(d)
         self.W_u = nn.Parameter(torch.empty(H, d, d).uniform_(-bound, bound))
         self.W_beta = nn.Linear(D, H) if config.mixer == "deltanet" else None
+        self.convs = (
+            nn.ModuleList(ShortConvolution(H * d, config.short_conv) for _ in range(3))
+            if config.short_conv
+            else None
+        )
         self.vla_config = VLAConfig(**config.vla_config)
         self._fla = None
         self._backend = None
@@ -228,7 +267,10 @@ class AttentionLayer(nn.Module):
 
     def mixer_inputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """The heads' inputs, each ``[B, T, H, d_h]`` (``beta`` ``[B, T, H]`` for deltanet)."""
-        q_raw, k_raw, v = (self._split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+        projections = [W(x) for W in (self.W_q, self.W_k, self.W_v)]
+        if self.convs is not None:
+            projections = [conv(y) for conv, y in zip(self.convs, projections, strict=True)]
+        q_raw, k_raw, v = (self._split(y) for y in projections)
         if self.mixer == "softmax":
             return {"q": q_raw, "k": k_raw, "v": v}
         if self.mixer == "deltanet":

@@ -26,6 +26,8 @@ def _fmt(cell: dict[str, Any] | None) -> str:
     setting = cell.get("setting", {})
     model, train = setting.get("model", {}), setting.get("train", {})
     notes = ["positions"] if model.get("positions") else []
+    if model.get("short_conv"):
+        notes.append(f"short conv {model['short_conv']}")
     if model.get("embedding_std") is not None:
         notes.append(f"embedding std {model['embedding_std']}")
     if "steps" in train:
