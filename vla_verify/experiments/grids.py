@@ -7,7 +7,8 @@ job whose file exists, so a grid fills a piece at a time and resumes after any i
 Grids (``python -m vla_verify.experiments list`` prints them):
 
 - ``mqar`` — the capacity curve: MQAR with ``n`` ∈ {24, 32, 8, 4, 16, 48, 64} pairs (n from 4 to
-  2·d_h at d_h = 32; n = 24 and n = d_h first, the paper's figures), ``T`` = 256;
+  2·d_h at d_h = 32; n = 24 and n = d_h first, the paper's figures), ``T`` = 256; n = 64
+  needs more keys than a vocabulary of 128 holds, so it runs with a vocabulary of 256;
 - ``mqar_length`` — n = 8 with ``T`` ∈ {512, 64, 128, 256, 1024, 2048} (T = 512 first);
 - ``copy`` — copy with prefix lengths 16, 32, 64, 128, 256;
 - ``state_norm`` — the untrained probe (no training) at T = 10⁴ for linear attention, DeltaNet
@@ -91,6 +92,13 @@ _TINY_MODEL: dict[str, Any] = {"d_model": 16, "n_heads": 2, "d_ffn": 32, "vocab"
 _TINY_TRAIN: dict[str, Any] = {"steps": 40, "batch_size": 16, "eval_samples": 64, "eval_batch": 64}
 
 
+def _capacity_params(n: int) -> dict[str, int]:
+    """MQAR at ``T`` = 256 with ``n`` pairs: the backbone's vocabulary of 128 holds 63 keys, so
+    a larger ``n`` draws its keys and values from a vocabulary of 256."""
+    params = {"n_pairs": n, "seq_len": 256}
+    return params if n <= (128 - 2) // 2 else {**params, "vocab": 256}
+
+
 def _cross(
     grid: str,
     task: str,
@@ -114,6 +122,8 @@ def _cross(
                     settings = []
                     for variant in (variants or {}).get(mixer, ({},)):
                         setting = {**variant, **model}  # explicit overrides win
+                        if "vocab" in params:  # the model reads the task's vocabulary
+                            setting["vocab"] = params["vocab"]
                         if setting not in settings:
                             settings.append(setting)
                     for setting in settings:
@@ -157,7 +167,7 @@ def grid_jobs(
         return _cross(
             name,
             "mqar",
-            [{"n_pairs": n, "seq_len": 256} for n in ns],
+            [_capacity_params(n) for n in ns],
             mixers or PAPER_MIXERS,
             lrs,
             seeds,
