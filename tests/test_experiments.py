@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from vla_verify.errors import ConfigError, UnknownVariantError
-from vla_verify.experiments.grids import grid_jobs
-from vla_verify.experiments.tasks import IGNORE, CopyTask, MQARTask, exact_match
+from vla_verify.experiments.grids import RECIPE, grid_jobs
+from vla_verify.experiments.tasks import IGNORE, CopyTask, MQARTask, exact_match, make_task
 
 torch = pytest.importorskip("torch")
 
@@ -296,8 +296,18 @@ def test_grids_cover_the_paper_figures_with_unique_keys():
     capacity = {j.task_params["n_pairs"] for j in grid_jobs("mqar")}
     assert min(capacity) == 4 and max(capacity) == 64  # n from 4 to 2·d_h
     assert max(j.task_params["seq_len"] for j in grid_jobs("mqar_length")) == 2048
-    softmax = {json.dumps(j.model) for j in grid_jobs("mqar", sizes=(24,)) if j.mixer == "softmax"}
-    assert softmax == {"{}", '{"positions": true}'}
+    softmax = [j.model for j in grid_jobs("mqar", sizes=(24,)) if j.mixer == "softmax"]
+    assert {json.dumps(m, sort_keys=True) for m in softmax} == {
+        json.dumps(RECIPE, sort_keys=True),
+        json.dumps({**RECIPE, "positions": True}, sort_keys=True),
+    }
+    # Every job's task fits its model's vocabulary (n = 64 needs more than 128 tokens).
+    for name in ("mqar", "mqar_length", "copy", "c10", "small", "tiny", "state_norm"):
+        for job in grid_jobs(name, seeds=(0,), lrs=(1e-3,)):
+            task = make_task(job.task, **job.task_params)
+            assert task.vocab <= ModelConfig(mixer=job.mixer, **job.model).vocab, job.key()
+    bare = grid_jobs("mqar", sizes=(24,), model={"short_conv": 0, "embedding_std": None})
+    assert all(j.model["short_conv"] == 0 and j.model["embedding_std"] is None for j in bare)
 
 
 def test_embedding_std_sets_the_initial_logit_scale_and_bad_values_are_refused():

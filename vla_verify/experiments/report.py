@@ -63,8 +63,9 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Test exact-match accuracy, mean ± std (seeds); a figure needs {MIN_SEEDS} seeds. "
         "In brackets, what the setting chosen on validation sets apart from the grid's "
-        "defaults: learned position embeddings, the embeddings' initial standard deviation "
-        "(PyTorch's N(0, 1) otherwise), the number of training steps.",
+        "defaults: learned position embeddings, the width of the short causal convolutions "
+        "on q, k, v, the embeddings' initial standard deviation (PyTorch's N(0, 1) "
+        "otherwise), the number of training steps.",
         "",
         "| figure | paper | measured | learning rate |",
         "|---|---|---|---|",
