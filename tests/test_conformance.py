@@ -18,11 +18,13 @@ SELECTED = backends.selected()
 #: conformance sizes, which reach tiling widths and chunk boundaries, are checked once per
 #: correct backend in tests/meta/test_checker_reach.py.  The interpreted Triton and mpmath
 #: backends are slow per token: smaller still.
+#: triton_chunked's chunk boundaries are tests/test_triton_chunked.py's concern.
 BOUNDS = {
     "mpmath": ShapeBounds(max_B=1, max_H=1, max_T=24, max_dk=3, max_dv=3),
     "triton_fused": ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8),
+    "triton_chunked": ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8),
 }
-EXAMPLES = {"mpmath": 8, "triton_fused": 12}
+EXAMPLES = {"mpmath": 8, "triton_fused": 6, "triton_chunked": 6}
 _ONE = Shapes(1, 1, 1, 1, 1)
 
 

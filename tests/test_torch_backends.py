@@ -223,7 +223,7 @@ def test_chunked_vla_passes_validate(dtype: str, config: VLAConfig, chunk_size: 
         variant="vla",
         array="torch",
         dtype=dtype,
-        max_examples=10,
+        max_examples=5,
         seed=2,
         factor=chunk_factor(chunk_size),
     )

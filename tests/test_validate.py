@@ -29,9 +29,9 @@ SMALL = ShapeBounds()
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_accepts_the_oracle_itself(dtype: str) -> None:
-    report = validate(backends.get("numpy"), dtype=dtype, max_examples=60, seed=SEED)
+    report = validate(backends.get("numpy"), dtype=dtype, max_examples=15, seed=SEED)
     assert report.passed, report.summary()
-    assert report.examples >= 60
+    assert report.examples >= 15
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -130,7 +130,12 @@ def test_rls_needs_the_exact_configuration() -> None:
     with pytest.raises(UnsupportedConfigurationError, match=r"VLAConfig\.exact"):
         validate(backends.get("numpy"), variant="rls", max_examples=5)
     assert validate(
-        backends.get("numpy"), variant="rls", config=VLAConfig.exact(), max_examples=20, seed=SEED
+        backends.get("numpy"),
+        variant="rls",
+        config=VLAConfig.exact(),
+        bounds=SMALL,
+        max_examples=10,
+        seed=SEED,
     ).passed
 
 
@@ -269,8 +274,10 @@ def test_a_mapping_config_builds_a_vlaconfig() -> None:
 
 
 def test_a_string_names_the_implementation() -> None:
-    assert validate("numpy", max_examples=3, seed=0).passed
-    assert validate("mutants:make", max_examples=1, seed=0).failures[0].kind == "crash"
+    assert validate("numpy", bounds=SMALL, max_examples=3, seed=0).passed
+    assert (
+        validate("mutants:make", bounds=SMALL, max_examples=1, seed=0).failures[0].kind == "crash"
+    )
 
 
 def test_keyboard_interrupt_stops_the_run() -> None:
