@@ -130,3 +130,31 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
     path.write_text(json.dumps({"machine": {}, "records": rows}))
     slow = {r.id: r for r in c9_kernel_speed.run(tiny_context(tmp_path), path=path)}
     assert slow["C9.speedup"].verdict is Verdict.NOT_REPRODUCED
+
+
+def test_c9_crossover_takes_the_faster_vla_kernel_of_one_run(tmp_path):
+    """The crossover meets softmax with the faster of the recurrent and chunked kernels, both
+    timed beside SDPA in the one file it reads."""
+
+    def record(op: str, T: int, ms: float) -> dict:
+        return {"op": op, "B": 1, "T": T, "H": 16, "D": 64, "dtype": "bfloat16", "mode": "fwd",
+                "median_ms": ms}  # fmt: skip
+
+    Ts = (4096, 16384, 32768, 65536)
+    rows = [record("sdpa", T, T * T * 1e-8) for T in Ts]
+    rows += [record("vla_triton_fused", T, T * 1e-3) for T in Ts]  # beats SDPA from T = 100000
+    path = tmp_path / "chunk.json"
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
+    ctx = tiny_context(tmp_path)
+    alone = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.crossover"]
+    assert alone.verdict is Verdict.NOT_REPRODUCED and alone.figures["crossover_T"] is None
+    assert alone.figures["extrapolated_crossover_T"] == pytest.approx(1e5, rel=1e-9)
+    rows += [record("vla_triton_chunked", T, T * 4e-4) for T in Ts]  # beats SDPA at 65536
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
+    both = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.crossover"]
+    assert both.figures["crossover_T"] == 65536 and both.verdict is Verdict.REPRODUCED
+    assert both.figures["fastest_vla_kernel"][65536] == "vla_triton_chunked"
+    assert both.method == f"read {path}"
+    # The speed-up and the exponent still come from the package's recurrent grid.
+    speedup = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.speedup"]
+    assert speedup.method == "read vla_verify/data/h200_fused.json"
