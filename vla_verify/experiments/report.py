@@ -62,8 +62,8 @@ def markdown(data: dict[str, Any]) -> str:
         "## The paper's recall figures (spec §3 C10)",
         "",
         f"Test exact-match accuracy, mean ± std (seeds); a figure needs {MIN_SEEDS} seeds. "
-        "In brackets, what the setting chosen on validation sets apart from the grid's "
-        "defaults: learned position embeddings, the width of the short causal convolutions "
+        "In brackets, what the setting chosen on validation sets apart from the spec's "
+        "backbone (§2.5): learned position embeddings, the width of the short causal convolutions "
         "on q, k, v, the embeddings' initial standard deviation (PyTorch's N(0, 1) "
         "otherwise), the number of training steps.",
         "",
