@@ -139,3 +139,31 @@ def test_a_results_directory_is_aggregated_at_the_learning_rate_chosen_on_valida
     (result,) = c10_recall.run(tiny_context(tmp_path), path=results)
     assert result.verdict is Verdict.NOT_REPRODUCED
     assert result.figures["table"]["mqar_n24.deltanet"]["measured"] == pytest.approx(1.0)
+
+
+def test_the_trained_state_norm_is_that_of_the_selected_setting():
+    """C6's trained figure comes from the n = 24 jobs in the setting the cell selects on
+    validation, the untrained one from the state_norm grid; other settings' probes are left
+    out."""
+    from vla_verify.experiments.results import c6_figures
+
+    def probe(value: float) -> dict:
+        return {"t": [1, 1000], "layers": [{"mean": [0.0, value], "heads": []}]}
+
+    def result(grid: str, seed: int, model: dict, val: float, norm: float) -> dict:
+        job = {"grid": grid, "task": "mqar", "task_params": {"n_pairs": 24, "seq_len": 256},
+               "mixer": "vla", "seed": seed, "lr": 1e-3, "model": model, "train": {},
+               "probe_T": 10_000}  # fmt: skip
+        return {"job": job, "val_accuracy": val, "test_accuracy": val,
+                "probe_untrained": probe(norm / 2), "probe_trained": probe(norm)}  # fmt: skip
+
+    results = [result("mqar", s, {"short_conv": 4}, 0.99, 30.0 + s) for s in range(3)]
+    results += [result("mqar", s, {}, 0.10, 500.0) for s in range(3)]  # loses on validation
+    untrained = {"grid": "state_norm", "task": "mqar", "mixer": "vla", "seed": 0, "lr": 0.0,
+                 "task_params": {}, "model": {}, "train": {}, "probe_T": 10_000}  # fmt: skip
+    results.append({"job": untrained, "probe_untrained": probe(28.0)})
+    figures = c6_figures(results)
+    assert figures["trained"]["vla"]["values"] == [30.0, 31.0, 32.0]
+    assert figures["untrained"]["vla"]["values"] == [28.0]
+    results = [r for r in results if r["job"]["model"] != {"short_conv": 4}]
+    assert c6_figures(results)["trained"]["vla"]["values"] == [500.0] * 3

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import D_HEAD, MIN_SEEDS, PAPER_FIGURES, load_results, summary
+from .results import D_HEAD, MIN_SEEDS, PAPER_FIGURES, load_results, state_norm_probes, summary
 
 __all__ = ["markdown", "plots", "write_report"]
 
@@ -111,12 +111,22 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def _curve(ax: Any, rows: list[dict[str, Any]], grid: str, scale: float = 1.0) -> None:
-    for mixer in sorted({r["mixer"] for r in rows}):
+    # Distinct markers and sizes: curves at accuracy 1 lie on one another.
+    for i, mixer in enumerate(sorted({r["mixer"] for r in rows})):
         pts = sorted(
             (_size(r["task"], grid)[1], r["mean"], r["std"]) for r in rows if r["mixer"] == mixer
         )
         x, y, e = (np.array(v, dtype=float) for v in zip(*pts, strict=True))
-        ax.errorbar(x / scale, y, yerr=e, marker="o", capsize=3, label=mixer)
+        ax.errorbar(
+            x / scale,
+            y,
+            yerr=e,
+            marker="osD^v"[i % 5],
+            markersize=9 - 1.5 * (i % 4),
+            alpha=0.85,
+            capsize=3,
+            label=mixer,
+        )
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -167,23 +177,20 @@ def plots(results_dir: Path, outdir: Path, data: dict[str, Any]) -> list[str]:
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(str(path))
-    probes = [
-        (r["job"]["mixer"], state, r[field])
-        for r in load_results(results_dir)
-        for state, field in (("untrained", "probe_untrained"), ("trained", "probe_trained"))
-        if field in r
-    ]
+    probes = state_norm_probes(load_results(results_dir))
     if probes:
         fig, ax = plt.subplots(figsize=(6, 4))
         curves: dict[tuple[str, str], list[tuple[list[int], list[float]]]] = defaultdict(list)
         for mixer, state, probe in probes:
             curves[(mixer, state)].append((probe["t"], probe["layers"][0]["mean"]))
+        colours = {m: f"C{i}" for i, m in enumerate(sorted({m for m, _ in curves}))}
         for (mixer, state), runs in sorted(curves.items()):
             t = runs[0][0]
             same = [y for tt, y in runs if tt == t]
             ax.plot(
                 t,
                 np.mean(same, axis=0),
+                color=colours[mixer],  # one colour per mixer, dashed before training
                 linestyle="-" if state == "trained" else "--",
                 label=f"{mixer}, {state} ({len(same)} seeds)",
             )

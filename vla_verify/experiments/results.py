@@ -40,6 +40,7 @@ __all__ = [
     "cells",
     "completion",
     "load_results",
+    "state_norm_probes",
     "summary",
 ]
 
@@ -154,18 +155,37 @@ def _probe_at(probe: dict[str, Any], t: int, layer: int = 0) -> float | None:
     return float(probe["layers"][layer]["mean"][probe["t"].index(t)])
 
 
+def state_norm_probes(results: Iterable[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(mixer, "untrained" | "trained", probe)`` of the C6 figure: untrained, the
+    ``state_norm`` grid's probes (the spec's backbone at initialisation); trained, the probes of
+    the ``mqar`` jobs at n = 24 in the setting that their cell selects (so the figure is that of
+    the models whose accuracy the tables report)."""
+    results = list(results)
+    table = cells(results)
+    out = []
+    for r in results:
+        job = r["job"]
+        if job["grid"] == "state_norm" and "probe_untrained" in r:
+            out.append((job["mixer"], "untrained", r["probe_untrained"]))
+        if job["grid"] == "mqar" and "probe_trained" in r:
+            key = (job["grid"], json.dumps(job["task_params"], sort_keys=True), job["mixer"])
+            cell = table.get(key)
+            if cell is not None and _setting(job) == json.dumps(cell["setting"], sort_keys=True):
+                out.append((job["mixer"], "trained", r["probe_trained"]))
+    return out
+
+
 def c6_figures(results: Iterable[dict[str, Any]], t: int = 1000) -> dict[str, Any]:
-    """``||S_t||_F`` at ``t`` (layer 1, mean over heads), per mixer, untrained and trained:
-    ``{"untrained": {mixer: {"mean", "std", "values"}}, "trained": {...}}``."""
+    """``||S_t||_F`` at ``t`` (layer 1, mean over heads), per mixer, untrained and trained, of
+    :func:`state_norm_probes`: ``{"untrained": {mixer: {"mean", "std", "values"}}, "trained":
+    {...}}``."""
     found: dict[str, dict[str, list[float]]] = {
         "untrained": defaultdict(list),
         "trained": defaultdict(list),
     }
-    for r in results:
-        mixer = r["job"]["mixer"]
-        for state, field in (("untrained", "probe_untrained"), ("trained", "probe_trained")):
-            if field in r and (value := _probe_at(r[field], t)) is not None:
-                found[state][mixer].append(value)
+    for mixer, state, probe in state_norm_probes(results):
+        if (value := _probe_at(probe, t)) is not None:
+            found[state][mixer].append(value)
     return {
         state: {
             m: {
