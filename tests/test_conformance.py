@@ -22,9 +22,9 @@ SELECTED = backends.selected()
 BOUNDS = {
     "mpmath": ShapeBounds(max_B=1, max_H=1, max_T=24, max_dk=3, max_dv=3),
     "triton_fused": ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8),
-    "triton_chunked": ShapeBounds(max_B=2, max_H=2, max_T=24, max_dk=8, max_dv=8),
+    "triton_chunked": ShapeBounds(max_B=2, max_H=2, max_T=16, max_dk=4, max_dv=4),
 }
-EXAMPLES = {"mpmath": 8, "triton_fused": 6, "triton_chunked": 6}
+EXAMPLES = {"mpmath": 8, "triton_fused": 4, "triton_chunked": 3}
 _ONE = Shapes(1, 1, 1, 1, 1)
 
 

@@ -37,7 +37,8 @@ TINY = ShapeBounds(max_B=1, max_H=2, max_T=6, max_dk=3, max_dv=3)
 BACKENDS = selected()
 _HC = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 #: Triton kernels on CPU tensors run through the interpreter at seconds per call, so the
-#: backend-parametrised searches below draw a quarter of their examples for them there.
+#: backend-parametrised searches below draw a quarter of their examples, of TINY sizes, for
+#: them there.
 INTERPRETED = (
     {"triton_fused", "triton_chunked"} if os.environ.get("TRITON_INTERPRET") == "1" else set()
 )
@@ -45,6 +46,10 @@ INTERPRETED = (
 
 def _examples(backend: str | None, n: int) -> int:
     return max(3, n // 4) if backend in INTERPRETED else n
+
+
+def _bounds(backend: str | None) -> ShapeBounds:
+    return TINY if backend in INTERPRETED else SMALL
 
 
 # -- planted-bug backends ----------------------------------------------------------------------
@@ -165,7 +170,7 @@ def _run_or_skip(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_c1_sherman_morrison_holds(backend: str) -> None:
     @settings(max_examples=_examples(backend, 15), suppress_health_check=_HC)
-    @given(case=claim_cases("C1", EXACT, SMALL))
+    @given(case=claim_cases("C1", EXACT, _bounds(backend)))
     def check(case: Case) -> None:
         r = _run_or_skip(inv.sherman_morrison_exactness, case, EXACT, backend=backend)
         safe_target(r.value / r.bound, "C1 error / bound")
@@ -184,7 +189,7 @@ def test_c1_float32_within_error_model(case: Case) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_c2_selectivity_holds_without_nudges(backend: str) -> None:
     @settings(max_examples=_examples(backend, 15), suppress_health_check=_HC)
-    @given(case=claim_cases("C2", EXACT, SMALL))
+    @given(case=claim_cases("C2", EXACT, _bounds(backend)))
     def check(case: Case) -> None:
         r = _run_or_skip(inv.directional_selectivity, case, EXACT, backend=backend)
         assert r.holds, r.detail
@@ -220,7 +225,7 @@ def test_c3_vla_is_not_the_argmin() -> None:
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 def test_c4_jacobian_norm_formula(backend: str | None) -> None:
     @settings(max_examples=_examples(backend, 15), suppress_health_check=_HC)
-    @given(case=claim_cases("C4", PRESET, SMALL))
+    @given(case=claim_cases("C4", PRESET, _bounds(backend)))
     def check(case: Case) -> None:
         r = _run_or_skip(inv.jacobian_norm_formula, case, PRESET, backend=backend)
         assert r.holds, r.detail
