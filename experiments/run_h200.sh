@@ -2,8 +2,9 @@
 # One GPU run of the C10 cells: checks first, then the grid, then the report, all under $OUT.
 #   bash experiments/run_h200.sh OUT COMMIT LIMIT_S WORKERS STEPS LR [LR...]
 # LIMIT_S bounds the whole script: the grid gets what the checks left (less 25 s for the report
-# and the archive) and starts no job in its last 90 s.  GRID_ARGS (below) may hold several runs.  Results resume from the committed
-# experiments/results and come back as results.tar.gz (the device returns at most 8 files).
+# and the archive) and starts no job in its last 90 s.  GRID_ARGS (below) may hold several
+# runs.  Results resume from the committed experiments/results and come back as
+# results.tar.gz (the device returns at most 8 files).
 set -u
 START=$(date +%s)
 OUT=$1

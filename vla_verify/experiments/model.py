@@ -176,7 +176,6 @@ class ShortConvolution(nn.Module):
 
     def __init__(self, channels: int, width: int) -> None:
         super().__init__()
-        self.width = width
         self.conv = nn.Conv1d(
             channels, channels, width, groups=channels, padding=width - 1, bias=False
         )

@@ -22,7 +22,7 @@ beats softmax within a factor 2 of 43,000).
 
 The crossover asks whether VLA, by whichever of its kernels is faster at each T, beats softmax
 attention; so it reads the run that timed the chunked kernel, the recurrent one and SDPA side
-by side (``vla-verify``'s ``benchmarks/gpu/chunk_h200.py``; by default the package's copy
+by side (``benchmarks/gpu/chunk_h200.py``; by default the package's copy
 ``vla_verify/data/h200_chunk.json`` of ``benchmarks/results/h200/chunk.json``), and takes per
 T the faster of ``vla_triton_fused`` and ``vla_triton_chunked`` against ``sdpa`` of the same
 run.  An explicit ``path`` is read for all three sub-claims; ``crossover_path`` overrides the
