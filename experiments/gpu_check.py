@@ -4,7 +4,10 @@
    (float32 and a float64 reference): outputs and the gradients of q, k, v, β.
 2. A VLA backbone on ``triton_fused`` against the same weights on the ``torch`` backend: logits
    and every parameter's gradient.
-3. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256).
+3. A stack of backbones (``vla_verify.experiments.stacked``) against its members run one by one:
+   logits of every mixer.
+4. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256), alone
+   and per member of stacks of 3 and 6 (how much one process gains by stacking).
 
 Writes ``<out>/gpu_check.json``; exits 1 when a comparison exceeds its bound.  The bound is
 float32 accumulation over T = 256 steps, ``64 · u32 · T ≈ 1e-3`` relative to the largest entry
@@ -23,8 +26,9 @@ import torch.nn.functional as F
 
 from vla_verify.experiments.model import Backbone, ModelConfig, gated_delta_rule
 from vla_verify.experiments.runner import provenance
+from vla_verify.experiments.stacked import StackedBackbone
 from vla_verify.experiments.tasks import MQARTask
-from vla_verify.experiments.train import TrainConfig, _loss, lr_at
+from vla_verify.experiments.train import TrainConfig, _loss, lr_at, train_stacked
 
 U32 = 2.0**-24
 
@@ -100,6 +104,45 @@ def step_ms(mixer: str, T: int = 256, steps: int = 20) -> float:
     return 1e3 * sorted(times[5:])[len(times[5:]) // 2]
 
 
+def check_stacked(T: int = 256) -> dict:
+    """Worst relative difference of a stack's logits from its members' own, per mixer."""
+    out = {}
+    for mixer in ("vla", "deltanet", "softmax", "linear"):
+        members = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            members.append(Backbone(ModelConfig(mixer=mixer, short_conv=4), "cuda").cuda())
+        stack = StackedBackbone(members)
+        tokens = torch.stack(
+            [
+                torch.as_tensor(MQARTask(24, T).batch(8, s, 0).tokens, device="cuda")
+                for s in range(3)
+            ]
+        )
+        with torch.no_grad():
+            got = stack(tokens)
+            out[mixer] = max(rel(got[m], model(tokens[m])) for m, model in enumerate(members))
+    return out
+
+
+def stacked_step_ms(mixer: str, members: int, T: int = 256, steps: int = 15) -> float:
+    """Milliseconds of one training step of a stack, per member (warm: after one short run)."""
+    task = MQARTask(24, T)
+    times = []
+    for run_steps in (3, steps):
+        models = []
+        for seed in range(members):
+            torch.manual_seed(seed)
+            models.append(Backbone(ModelConfig(mixer=mixer, short_conv=4), "cuda").cuda())
+        cfg = TrainConfig(steps=run_steps)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        train_stacked(StackedBackbone(models), task, cfg, seeds=list(range(members)), device="cuda")
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / run_steps)
+    return 1e3 * times[-1] / members
+
+
 def main() -> int:
     out_dir = Path(sys.argv[1])
     bound = 64 * U32 * 256
@@ -107,11 +150,17 @@ def main() -> int:
     report["fla_vs_gated_delta_rule"] = check_fla()
     report["fla_vs_gated_delta_rule_T512"] = check_fla(512)  # also warms fla's autotune cache
     report["triton_fused_vs_torch"] = check_triton()
-    report["step_ms_B64_T256"] = {m: step_ms(m) for m in ("softmax", "linear", "deltanet", "vla")}
+    report["stacked_vs_members"] = check_stacked()
+    mixers = ("softmax", "linear", "deltanet", "vla")
+    report["step_ms_B64_T256"] = {m: step_ms(m) for m in mixers}
+    report["stacked_step_ms_per_member_B64_T256"] = {
+        m: {M: stacked_step_ms(m, M) for M in (1, 3, 6)} for m in mixers
+    }
     worst = max(
         max(report["fla_vs_gated_delta_rule"].values()),
         max(report["fla_vs_gated_delta_rule_T512"].values()),
         report["triton_fused_vs_torch"]["worst_grad"],
+        max(report["stacked_vs_members"].values()),
     )
     report["ok"] = bool(worst <= bound)
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")

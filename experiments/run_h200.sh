@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One GPU run of the C10 cells: checks first, then the grid, then the report, all under $OUT.
+# One GPU run of experiment grids: checks first, then the grids, then the report, all under $OUT.
 #   bash experiments/run_h200.sh OUT COMMIT LIMIT_S WORKERS STEPS LR [LR...]
-# LIMIT_S bounds the whole script: the grid gets what the checks left (less 25 s for the report
-# and the archive) and starts no job in its last 90 s.  GRID_ARGS (below) may hold several
-# runs.  Results resume from the committed experiments/results and come back as
-# results.tar.gz (the device returns at most 8 files).
+# LIMIT_S bounds the whole script: the grids get what the checks left (less 30 s for the report
+# and the archives) and start no stack in their last 90 s.  GRID_ARGS (below) holds one grid
+# `run` per line (default: the c10 cells).  Results resume from the committed
+# experiments/results and from what an earlier call on the same (warm) machine left in
+# /tmp/experiment_results, paused stacks included.
 set -u
 START=$(date +%s)
 OUT=$1
@@ -15,32 +16,37 @@ STEPS=$5
 shift 5
 export PYTHONUNBUFFERED=1
 RESULTS=/tmp/experiment_results
-mkdir -p "$RESULTS"
+LOGS=/tmp/experiment_logs/$(date +%s)
+mkdir -p "$RESULTS" "$LOGS"
 cp -r experiments/results/. "$RESULTS"/ 2>/dev/null
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/machine.txt" 2>&1
-timeout 75 python3 experiments/gpu_check.py "$OUT" > "$OUT/gpu_check.log" 2>&1
-echo "gpu_check exit $? after $(( $(date +%s) - START )) s"
-tail -c 1200 "$OUT/gpu_check.log"
-GRID=$(( LIMIT - ($(date +%s) - START) - 25 ))
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$LOGS/machine.txt" 2>&1
+if [ -z "${SKIP_CHECK:-}" ]; then
+  timeout 150 python3 experiments/gpu_check.py "$LOGS" > "$LOGS/gpu_check.log" 2>&1
+  echo "gpu_check exit $? after $(( $(date +%s) - START )) s"
+  tail -c 2500 "$LOGS/gpu_check.log"
+fi
+GRID=$(( LIMIT - ($(date +%s) - START) - 30 ))
 BUDGET=$(( GRID > 120 ? GRID - 90 : GRID / 4 ))
-echo "grid: ${GRID} s, new jobs for ${BUDGET} s"
-# GRID_ARGS: options for the grid's `run`, one line per run; the runs go side by side, each
-# with WORKERS processes, their results in the one folder.
+echo "grids: ${GRID} s, new stacks for ${BUDGET} s"
+# GRID_ARGS: options for the grid's `run`, one line per run (a later --grid overrides c10);
+# the runs go side by side, each with WORKERS processes, their results in the one folder.
 N=0
 while IFS= read -r ARGS || [ -n "$ARGS" ]; do
   # shellcheck disable=SC2086
   timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
     --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
-    --train "steps=$STEPS" --results "$RESULTS" $ARGS > "$OUT/grid$N.log" 2>&1 &
+    --train "steps=$STEPS" --results "$RESULTS" $ARGS > "$LOGS/grid$N.log" 2>&1 &
   N=$(( N + 1 ))
 done <<< "${GRID_ARGS:-}"
+nvidia-smi dmon -s u -c 20 -d 5 > "$LOGS/dmon.log" 2>&1 &
 wait
 echo "grids done after $(( $(date +%s) - START )) s"
-for LOG in "$OUT"/grid*.log; do echo "== $LOG"; tail -c 1200 "$LOG"; done
-timeout 15 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -4
-# The device returns at most 8 files of 16 MiB each (64 MiB in all): the results without
-# the checkpoints of paused jobs in one archive, the checkpoints in 15 MiB parts
+for LOG in "$LOGS"/grid*.log; do echo "== $LOG"; tail -c 600 "$LOG"; done
+timeout 20 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -6
+# The device returns at most 8 files of 16 MiB each: the logs in one archive, the results
+# without checkpoints in another, the checkpoints of paused stacks in 15 MiB parts
 # (`cat checkpoints.tar.part-* | tar -x -C experiments/results` joins them).
+tar -czf "$OUT/logs.tar.gz" -C /tmp/experiment_logs .
 tar -czf "$OUT/results.tar.gz" -C "$RESULTS" --exclude=checkpoints .
 (cd "$RESULTS" && find . -path '*/checkpoints/*.pt' | tar -cf - -T -) \
   | split -b 15M -d -a 1 - "$OUT/checkpoints.tar.part-"

@@ -1,6 +1,6 @@
 """Command line of the experiments: ``python -m vla_verify.experiments {run,report,list}``.
 
-``run --grid G [--device cuda] [--workers-per-device N] [--time-budget S] [--sizes ...]
+``run --grid G [--device cuda] [--workers-per-device N] [--stack M] [--time-budget S] [--sizes ...]
 [--mixers ...] [--lrs ...] [--seeds ...] [--model k=v ...] [--train k=v ...]`` fills the grid's
 missing results under ``--results`` (default ``experiments/results``), records the requested
 job list in ``<results>/<grid>/manifest.json`` (merged with earlier requests, so the report
@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 default=None,
                 help="processes per GPU (default 4) or on the CPU (default 1: this process)",
+            )
+            p.add_argument(
+                "--stack",
+                type=int,
+                default=None,
+                help="jobs that differ only in seed and learning rate train side by side in one "
+                "process, at most this many (default 6 on CUDA, 1 on the CPU)",
             )
             p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
             p.add_argument("--quiet", action="store_true")
@@ -129,6 +136,7 @@ def _main(args: argparse.Namespace) -> int:
         results,
         device=args.device,
         workers_per_device=args.workers_per_device or (4 if args.device == "cuda" else 1),
+        stack=args.stack or (6 if args.device == "cuda" else 1),
         time_budget_s=args.time_budget,
         show_progress=not args.quiet,
     )

@@ -54,6 +54,7 @@ from ..spec import VLAConfig
 
 __all__ = [
     "MIXERS",
+    "PENALTY_MIXERS",
     "RECURRENT_MIXERS",
     "AttentionLayer",
     "Backbone",
@@ -61,10 +62,13 @@ __all__ = [
     "ShortConvolution",
     "default_backend",
     "gated_delta_rule",
+    "head_inputs",
 ]
 
 #: The mixers an :class:`AttentionLayer` runs.
 MIXERS: tuple[str, ...] = ("vla", "linear", "delta", "deltanet", "softmax")
+#: Mixers run by a registry backend on the inputs ``q, k, v, u`` of spec §2.1.
+PENALTY_MIXERS: tuple[str, ...] = ("vla", "linear", "delta")
 #: Mixers that keep a state ``S_t`` (the state-norm probe's subjects).
 RECURRENT_MIXERS: tuple[str, ...] = ("vla", "linear", "delta", "deltanet")
 
@@ -170,6 +174,35 @@ def gated_delta_rule(
     return torch.stack(outputs, dim=1), S
 
 
+def head_inputs(
+    mixer: str,
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    penalty: torch.Tensor | None = None,
+    beta_logit: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The mixer's per-head inputs (module docstring) from the projections ``q_raw``, ``k_raw``,
+    ``v`` ``[B, T, H, d_h]``: ``penalty`` is ``W_u k_raw`` ``[B, T, H, d_h]`` for the
+    :data:`PENALTY_MIXERS`, ``beta_logit`` is ``W_β x`` ``[B, T, H]`` for ``deltanet``."""
+    if mixer == "softmax":
+        return {"q": q_raw, "k": k_raw, "v": v}
+    if mixer == "deltanet":
+        if beta_logit is None:
+            raise ConfigError("beta_logit", "expected W_β x for the deltanet mixer")
+        return {
+            "q": F.normalize(q_raw, dim=-1),
+            "k": F.normalize(k_raw, dim=-1),
+            "v": v,
+            "beta": torch.sigmoid(beta_logit),
+        }
+    if penalty is None:
+        raise ConfigError("penalty", f"expected W_u k_raw for the {mixer} mixer")
+    u = F.normalize(penalty, dim=-1, eps=1e-12) / math.sqrt(q_raw.shape[-1])
+    return {"q": elu_plus_one(q_raw), "k": elu_plus_one(k_raw), "v": v, "u": u}
+
+
 class ShortConvolution(nn.Module):
     """A depthwise causal convolution of width ``width`` over time, then SiLU: ``[B, T, C] ->
     [B, T, C]``, output ``t`` reading inputs ``t − width + 1 … t`` (zeros before the start)."""
@@ -222,7 +255,7 @@ class AttentionLayer(nn.Module):
         self.vla_config = VLAConfig(**config.vla_config)
         self._fla = None
         self._backend = None
-        if config.mixer in ("vla", "linear", "delta"):
+        if config.mixer in PENALTY_MIXERS:
             name = config.backend or default_backend(config.mixer, device)
             self._backend = backends.get(name, variant=config.mixer)
             if config.mixer != "vla":  # linear and delta keep no A: nudges change nothing
@@ -270,19 +303,12 @@ class AttentionLayer(nn.Module):
         if self.convs is not None:
             projections = [conv(y) for conv, y in zip(self.convs, projections, strict=True)]
         q_raw, k_raw, v = (self._split(y) for y in projections)
-        if self.mixer == "softmax":
-            return {"q": q_raw, "k": k_raw, "v": v}
-        if self.mixer == "deltanet":
-            assert self.W_beta is not None
-            return {
-                "q": F.normalize(q_raw, dim=-1),
-                "k": F.normalize(k_raw, dim=-1),
-                "v": v,
-                "beta": torch.sigmoid(self.W_beta(x)),
-            }
-        projected = torch.einsum("hij,bthj->bthi", self.W_u, k_raw)
-        u = F.normalize(projected, dim=-1, eps=1e-12) / math.sqrt(self.config.d_head)
-        return {"q": elu_plus_one(q_raw), "k": elu_plus_one(k_raw), "v": v, "u": u}
+        penalty = beta_logit = None
+        if self.W_beta is not None:
+            beta_logit = self.W_beta(x)
+        elif self.mixer in PENALTY_MIXERS:
+            penalty = torch.einsum("hij,bthj->bthi", self.W_u, k_raw)
+        return head_inputs(self.mixer, q_raw, k_raw, v, penalty=penalty, beta_logit=beta_logit)
 
     def run_mixer(
         self, inputs: dict[str, torch.Tensor], state: Any = None, start: int = 0

@@ -7,15 +7,19 @@ the backends that ran the mixers).  A job whose file exists is skipped, so a gri
 at a time; a file is written under a temporary name and renamed, so a killed run leaves no
 half-written result.
 
-Packing: small models leave a GPU mostly idle, so ``workers_per_device`` processes share each
-visible GPU (``slots = GPUs × workers_per_device``, each process pinned to one GPU, with an equal
-share of the CPU threads); on the CPU the jobs run in this process, one after another.  A
-``time_budget_s`` stops workers from starting new jobs once it has passed, so a grid advances in
-runs of bounded length and reports its completion.
+Packing: small models leave a GPU mostly idle.  The jobs of a grid that differ only in seed and
+learning rate train in stacks (:func:`stacks`): one process runs ``stack`` backbones as one
+:class:`~.stacked.StackedBackbone`, so their kernels run together rather than taking turns.
+On top of that ``workers_per_device`` processes share each visible GPU (``slots = GPUs ×
+workers_per_device``, each process pinned to one GPU, with an equal share of the CPU threads);
+on the CPU the stacks run in this process, one after another.  A ``time_budget_s`` stops
+workers from starting new stacks once it has passed, so a grid advances in runs of bounded
+length and reports its completion.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -36,10 +40,12 @@ __all__ = [
     "RESULTS_DIR",
     "checkpoint_path",
     "execute_job",
+    "execute_jobs",
     "pending",
     "provenance",
     "result_path",
     "run_grid",
+    "stacks",
 ]
 
 #: The default results directory, relative to the repository root.
@@ -54,9 +60,29 @@ def result_path(results_dir: Path, job: Job) -> Path:
     return Path(results_dir) / job.grid / f"{job.key()}.json"
 
 
-def checkpoint_path(results_dir: Path, job: Job) -> Path:
-    """Where a paused job keeps its training state (:class:`.train.TrainingPaused`)."""
-    return Path(results_dir) / job.grid / "checkpoints" / f"{job.key()}.pt"
+def checkpoint_path(results_dir: Path, jobs: Job | Sequence[Job]) -> Path:
+    """Where a paused job, or a paused stack of jobs, keeps its training state
+    (:class:`.train.TrainingPaused`): named by the job's key, a stack's by a digest of its
+    members' keys."""
+    members = [jobs] if isinstance(jobs, Job) else list(jobs)
+    if len(members) == 1:
+        name = members[0].key()
+    else:
+        keys = "\n".join(job.key() for job in members)
+        name = f"stack{len(members)}-{hashlib.sha1(keys.encode()).hexdigest()[:12]}"
+    return Path(results_dir) / members[0].grid / "checkpoints" / f"{name}.pt"
+
+
+def stacks(jobs: Sequence[Job], size: int) -> list[list[Job]]:
+    """``jobs`` in stacks of at most ``size`` that train together: the jobs of one stack share
+    everything but the seed and the learning rate (:attr:`.grids.Job.group`).  Deterministic,
+    in the order of ``jobs``, so a paused stack is formed again by the next run."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError("stack", f"expected a stack size >= 1, got {size!r}")
+    groups: dict[tuple[Any, ...], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.grid, job.group), []).append(job)
+    return [group[i : i + size] for group in groups.values() for i in range(0, len(group), size)]
 
 
 def pending(jobs: Sequence[Job], results_dir: Path) -> list[Job]:
@@ -124,6 +150,76 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def execute_jobs(
+    jobs: Sequence[Job],
+    *,
+    device: str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+    checkpoint: Path | None = None,
+    deadline: float | None = None,
+) -> list[dict[str, Any]]:
+    """Train (and probe) a stack of jobs (:func:`stacks`) side by side; return each job's
+    result file contents.  With ``checkpoint`` and ``deadline`` the training pauses at the
+    deadline (:class:`.train.TrainingPaused`, raised) and a later call resumes it."""
+    import torch
+
+    from .model import Backbone, ModelConfig
+    from .probe import state_norms
+    from .tasks import make_task
+    from .train import TrainConfig, train_members
+
+    if not jobs or len({(job.grid, job.group) for job in jobs}) != 1:
+        raise ConfigError("jobs", "expected jobs that differ in seed and learning rate only")
+    t0 = time.perf_counter()
+    first = jobs[0]
+    task = make_task(first.task, **first.task_params)
+    model_cfg = ModelConfig(mixer=first.mixer, **first.model)
+    train_cfgs = [
+        TrainConfig(**{**job.train, "lr": job.lr if job.lr > 0 else 3e-4}) for job in jobs
+    ]
+    device_type = device.split(":")[0]
+    members = []
+    for job in jobs:
+        torch.manual_seed(job.seed)  # each member starts as its job would alone
+        members.append(Backbone(model_cfg, device_type).to(device))
+    results: list[dict[str, Any]] = [
+        {
+            "job": job.to_dict(),
+            "key": job.key(),
+            "model_config": model_cfg.to_dict(),
+            "train_config": cfg.to_dict(),
+            "task": {"name": job.task, **task.params()},
+            "backends": member.backend_names,
+            "parameters": sum(p.numel() for p in member.parameters()),
+        }
+        for job, cfg, member in zip(jobs, train_cfgs, members, strict=True)
+    ]
+    for job, member, result in zip(jobs, members, results, strict=True):
+        if job.probe_T:
+            result["probe_untrained"] = state_norms(
+                member, job.probe_T, seed=job.seed, device=device
+            )
+    if train_cfgs[0].steps:
+        trained = train_members(
+            members, task, train_cfgs[0], seeds=[job.seed for job in jobs],
+            lrs=[cfg.lr for cfg in train_cfgs], device=device, progress=progress,
+            checkpoint=checkpoint, deadline=deadline,
+        )  # fmt: skip
+        for job, member, result, outcome in zip(jobs, members, results, trained, strict=True):
+            result.update(outcome)
+            result["stacked_with"] = [other.key() for other in jobs if other is not job]
+            if job.probe_T:
+                result["probe_trained"] = state_norms(
+                    member, job.probe_T, seed=job.seed, device=device
+                )
+    seconds = time.perf_counter() - t0
+    info = provenance(device)
+    for result in results:
+        result["seconds"] = seconds
+        result["provenance"] = info
+    return results
+
+
 def execute_job(
     job: Job,
     *,
@@ -132,83 +228,57 @@ def execute_job(
     checkpoint: Path | None = None,
     deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Train (and probe) one job; return the result file's contents.  With ``checkpoint`` and
-    ``deadline`` the training pauses at the deadline (:class:`.train.TrainingPaused`, raised)
-    and a later call resumes it."""
-    import torch
-
-    from .model import Backbone, ModelConfig
-    from .probe import state_norms
-    from .tasks import make_task
-    from .train import TrainConfig, train
-
-    t0 = time.perf_counter()
-    task = make_task(job.task, **job.task_params)
-    model_cfg = ModelConfig(mixer=job.mixer, **job.model)
-    train_cfg = TrainConfig(**{**job.train, "lr": job.lr if job.lr > 0 else 3e-4})
-    torch.manual_seed(job.seed)
-    device_type = device.split(":")[0]
-    model = Backbone(model_cfg, device_type).to(device)
-    result: dict[str, Any] = {
-        "job": job.to_dict(),
-        "key": job.key(),
-        "model_config": model_cfg.to_dict(),
-        "train_config": train_cfg.to_dict(),
-        "task": {"name": job.task, **task.params()},
-        "backends": model.backend_names,
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
-    if job.probe_T:
-        result["probe_untrained"] = state_norms(model, job.probe_T, seed=job.seed, device=device)
-    if train_cfg.steps:
-        trained = train(
-            model, task, train_cfg, seed=job.seed, device=device, progress=progress,
-            checkpoint=checkpoint, deadline=deadline,
-        )  # fmt: skip
-        result.update(trained)
-        if job.probe_T:
-            result["probe_trained"] = state_norms(model, job.probe_T, seed=job.seed, device=device)
-    result["seconds"] = time.perf_counter() - t0
-    result["provenance"] = provenance(device)
+    """:func:`execute_jobs` for one job."""
+    (result,) = execute_jobs(
+        [job], device=device, progress=progress, checkpoint=checkpoint, deadline=deadline
+    )
     return result
+
+
+def _run_stack(stack: Sequence[Job], device: str, results_dir: Path, deadline: float) -> str | None:
+    """Run one stack and write its results; return None, or what stopped it (a paused stack
+    keeps its checkpoint for the next run; any other error is the stack's failure)."""
+    from .train import TrainingPaused
+
+    try:
+        results = execute_jobs(
+            stack, device=device, checkpoint=checkpoint_path(results_dir, stack),
+            deadline=deadline,
+        )  # fmt: skip
+    except TrainingPaused as paused:
+        return f"{PAUSED}{paused}"
+    except Exception as exc:  # one failed stack must not stop the grid; it is reported
+        return f"{type(exc).__name__}: {exc}"
+    for job, result in zip(stack, results, strict=True):
+        _write_json(result_path(results_dir, job), result)
+    return None
 
 
 def _worker(
     slot: int,
     device: str,
-    jobs: Any,
+    work: Any,
     done: Any,
     results_dir: str,
     deadline: float,
     threads: int,
 ) -> None:
-    """A worker process: take jobs from ``jobs`` until it is empty or the deadline passes; a
-    job still training at the deadline pauses to its checkpoint."""
+    """A worker process: take stacks from ``work`` until it is empty or the deadline passes;
+    a stack still training at the deadline pauses to its checkpoint."""
     import torch
-
-    from .train import TrainingPaused
 
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the CPU computes it
     while time.time() < deadline:
-        try:  # a short wait: the parent's queue feeder may not have flushed every job yet
-            data = jobs.get(timeout=2)
+        try:  # a short wait: the parent's queue feeder may not have flushed every stack yet
+            data = work.get(timeout=2)
         except queue.Empty:
             break
-        job = Job.from_dict(data)
-        try:
-            result = execute_job(
-                job, device=device, checkpoint=checkpoint_path(Path(results_dir), job),
-                deadline=deadline,
-            )  # fmt: skip
-            _write_json(result_path(Path(results_dir), job), result)
-            done.put((slot, job.key(), None))
-        except TrainingPaused as paused:  # its checkpoint stays: a later run resumes it
-            done.put((slot, job.key(), f"{PAUSED}{paused}"))
-        except Exception as exc:  # one failed job must not stop the grid; it is reported
-            done.put((slot, job.key(), f"{type(exc).__name__}: {exc}"))
+        stack = [Job.from_dict(d) for d in data]
+        outcome = _run_stack(stack, device, Path(results_dir), deadline)
+        done.put((slot, [job.key() for job in stack], outcome))
     done.put((slot, None, None))
 
 
@@ -218,61 +288,76 @@ def run_grid(
     *,
     device: str = "cpu",
     workers_per_device: int = 1,
+    stack: int = 1,
     time_budget_s: float | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Run every pending job of ``jobs``; return ``{"total", "done_before", "ran", "failed",
-    "paused", "pending", "errors"}``.  A job still training when ``time_budget_s`` ends pauses
-    to :func:`checkpoint_path` and resumes there in a later run.  ``device`` ``"cpu"`` runs in
-    this process; ``"cuda"`` starts ``workers_per_device`` processes per visible GPU."""
+    "paused", "pending", "errors", "stacks"}`` (counts of jobs).  Jobs train in stacks of at
+    most ``stack`` (:func:`stacks`, :mod:`.stacked`).  A stack still training when
+    ``time_budget_s`` ends pauses to :func:`checkpoint_path` and resumes there in a later run
+    (formed again from the same pending jobs).  ``device`` ``"cpu"`` with one worker runs in
+    this process; otherwise ``workers_per_device`` processes per visible GPU (or on the CPU)."""
     results_dir = Path(results_dir)
     todo = pending(jobs, results_dir)
+    work = stacks(todo, stack)
     summary: dict[str, Any] = {
         "total": len(jobs),
         "done_before": len(jobs) - len(todo),
-        "ran": 0,
-        "failed": 0,
-        "errors": {},
+        "stacks": len(work),
     }
     deadline = time.time() + (time_budget_s if time_budget_s else float("inf"))
     bar = ProgressBar(f"grid on {device}", len(todo), enabled=show_progress)
     bar(0)
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("device", f"expected 'cpu' or 'cuda', got {device!r}")
     if device == "cpu" and workers_per_device == 1:
-        from .train import TrainingPaused
-
-        summary["paused"] = 0
-        for i, job in enumerate(todo):
+        outcomes = []
+        for members in work:
             if time.time() >= deadline:
                 break
-            try:
-                result = execute_job(
-                    job, device="cpu", checkpoint=checkpoint_path(results_dir, job),
-                    deadline=deadline,
-                )  # fmt: skip
-            except TrainingPaused:
-                summary["paused"] += 1
+            outcome = _run_stack(members, "cpu", results_dir, deadline)
+            outcomes.append(([job.key() for job in members], outcome))
+            _tally(outcomes, bar)
+            if outcome is not None and outcome.startswith(PAUSED):
                 break
-            _write_json(result_path(results_dir, job), result)
-            summary["ran"] += 1
-            bar(i + 1)
-    elif device in ("cpu", "cuda"):
-        summary.update(_run_pool(todo, results_dir, device, workers_per_device, deadline, bar))
+        summary.update(_tally(outcomes, bar))
     else:
-        raise ConfigError("device", f"expected 'cpu' or 'cuda', got {device!r}")
+        summary.update(_run_pool(work, results_dir, device, workers_per_device, deadline, bar))
     bar.close()
     summary["pending"] = len(pending(jobs, results_dir))
     return summary
 
 
+def _tally(
+    outcomes: Sequence[tuple[list[str], str | None]], bar: ProgressBar | None = None
+) -> dict[str, Any]:
+    """Jobs ran, failed and paused from the stacks' outcomes (the progress bar counts jobs)."""
+    ran = failed = paused = 0
+    errors: dict[str, str] = {}
+    for keys, outcome in outcomes:
+        if outcome is None:
+            ran += len(keys)
+        elif outcome.startswith(PAUSED):
+            paused += len(keys)
+        else:
+            failed += len(keys)
+            errors.update(dict.fromkeys(keys, outcome))
+    if bar is not None:
+        bar(ran + failed + paused)
+    return {"ran": ran, "failed": failed, "paused": paused, "errors": errors}
+
+
 def _run_pool(
-    todo: Sequence[Job],
+    work: Sequence[Sequence[Job]],
     results_dir: Path,
     device: str,
     per_device: int,
     deadline: float,
     bar: ProgressBar,
 ) -> dict[str, Any]:
-    """``per_device`` spawned workers per visible GPU (or on the CPU), sharing one job queue."""
+    """``per_device`` spawned workers per visible GPU (or on the CPU), sharing one queue of
+    stacks."""
     import multiprocessing as mp
 
     if per_device < 1:
@@ -288,9 +373,9 @@ def _run_pool(
         devices = ["cpu"]
     slots = len(devices) * per_device
     ctx = mp.get_context("spawn")
-    jobs_q, done_q = ctx.Queue(), ctx.Queue()
-    for job in todo:
-        jobs_q.put(job.to_dict())
+    work_q, done_q = ctx.Queue(), ctx.Queue()
+    for members in work:
+        work_q.put([job.to_dict() for job in members])
     threads = max(1, (os.cpu_count() or 1) // slots)
     procs = [
         ctx.Process(
@@ -298,7 +383,7 @@ def _run_pool(
             args=(
                 s,
                 devices[s % len(devices)],
-                jobs_q,
+                work_q,
                 done_q,
                 str(results_dir),
                 deadline,
@@ -309,26 +394,20 @@ def _run_pool(
     ]
     for p in procs:
         p.start()
-    ran = failed = paused = finished = 0
-    errors: dict[str, str] = {}
+    outcomes: list[tuple[list[str], str | None]] = []
+    finished = 0
     while finished < slots:
         try:
-            _slot, key, error = done_q.get(timeout=5)
+            _slot, keys, outcome = done_q.get(timeout=5)
         except queue.Empty:
             if not any(p.is_alive() for p in procs):
                 break
             continue
-        if key is None:
+        if keys is None:
             finished += 1
-        elif error is None:
-            ran += 1
-        elif error.startswith(PAUSED):
-            paused += 1
         else:
-            failed += 1
-            errors[key] = error
-        bar(ran + failed + paused)
+            outcomes.append((keys, outcome))
+            _tally(outcomes, bar)
     for p in procs:
         p.join(timeout=30)
-    return {"ran": ran, "failed": failed, "paused": paused, "errors": errors, "slots": slots,
-            "devices": devices}  # fmt: skip
+    return {**_tally(outcomes), "slots": slots, "devices": devices}

@@ -9,6 +9,12 @@ Data: step ``i`` trains on batch ``i`` of the task's seed (:mod:`.tasks`), so a 
 function of its configuration and seed.  The validation set (model selection: the learning-rate
 sweep) and the test set (the reported figures) are disjoint from every training batch.
 
+Stacks.  :func:`train_stacked` trains several backbones of one configuration side by side as
+one :class:`~.stacked.StackedBackbone` (each with its own seed, data, learning rate, clipping and
+optimiser state); :func:`train` is a stack of one.  On a GPU the host reads the losses back
+every few steps (:func:`_sync_interval`) rather than after each, so it queues work ahead of the
+device.
+
 Pausing.  A run longer than one sitting (one device call) pauses at a ``deadline``: it saves the
 model, the optimiser, the step and the losses to a ``checkpoint`` file and raises
 :class:`TrainingPaused`; called again with the same file it resumes at that step and trains on
@@ -20,7 +26,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +36,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from .model import Backbone
+from .stacked import StackedAdamW, StackedBackbone, clip_grad_norms
 from .tasks import IGNORE, TEST_INDEX, VALIDATION_INDEX, CopyTask, MQARTask
 
-__all__ = ["TrainConfig", "TrainingPaused", "evaluate", "loss_fell", "lr_at", "train"]
+__all__ = [
+    "TrainConfig",
+    "TrainingPaused",
+    "evaluate",
+    "loss_fell",
+    "lr_at",
+    "train",
+    "train_members",
+    "train_stacked",
+]
 
 Task = MQARTask | CopyTask
 
@@ -93,21 +110,29 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
 def _loss(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+    """The mean cross-entropy of one backbone over the scored positions."""
+    logits = _at_least_float32(model(tokens))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """The loss is never computed in a 16-bit type (a float64 model keeps float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _member_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each member's mean cross-entropy over its scored positions: logits ``[M, B, T, V]``,
+    targets ``[M, B, T]`` -> ``[M]`` (what :func:`_loss` gives each member alone)."""
+    M = targets.shape[0]
+    per_token = F.cross_entropy(
+        _at_least_float32(logits).flatten(0, 2),
+        targets.flatten(),
+        ignore_index=IGNORE,
+        reduction="none",
+    ).view(M, -1)
+    scored = (targets != IGNORE).view(M, -1).sum(1).clamp_min(1)
+    return per_token.sum(1) / scored
 
 
 @torch.no_grad()
@@ -145,8 +170,223 @@ def loss_fell(losses: list[float], *, window: int = 10, factor: float = 0.8) -> 
     return float(np.mean(losses[-window:])) < factor * float(np.mean(losses[:window]))
 
 
+def _batches(
+    task: Task, config: TrainConfig, seeds: Sequence[int], first: int, count: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training batches ``first … first + count − 1`` of every member's seed, uploaded at once:
+    tokens and targets ``[count, M, B, T]`` int64."""
+    data = [
+        [task.batch(config.batch_size, seed, first + i) for seed in seeds] for i in range(count)
+    ]
+    tokens = np.stack([[b.tokens for b in row] for row in data])
+    targets = np.stack([[b.targets for b in row] for row in data])
+    return torch.as_tensor(tokens, device=device), torch.as_tensor(targets, device=device)
+
+
+def _sync_interval(members: int, config: TrainConfig, seq_len: int, device: str) -> int:
+    """Steps between host syncs (loss read-back, divergence check, batch upload): every step on
+    the CPU, where nothing runs ahead; on a GPU as many as keep one upload near 2²² tokens (at
+    most 50), so the host queues steps ahead of the device instead of waiting on each."""
+    if device == "cpu":
+        return 1
+    return max(1, min(50, 2**22 // max(1, members * config.batch_size * seq_len)))
+
+
+def train_stacked(
+    model: StackedBackbone,
+    task: Task,
+    config: TrainConfig,
+    *,
+    seeds: Sequence[int],
+    lrs: Sequence[float] | None = None,
+    device: str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+    checkpoint: Path | str | None = None,
+    deadline: float | None = None,
+) -> list[dict[str, Any]]:
+    """Train the ``M`` members of ``model`` side by side, member ``m`` on the batches of
+    ``seeds[m]`` with peak learning rate ``lrs[m]`` (default ``config.lr``); return per member
+    ``{"losses", "train_seconds", "final_lr", "diverged", "sittings"}``.
+
+    Each member follows the recipe of the module docstring as if alone: its own loss, gradient
+    clipping and AdamW (:mod:`.stacked`).  A member whose loss or gradient norm stops being
+    finite has diverged: its losses end at that step, its parameters are zeroed and its learning
+    rate is 0 from then on, and the others train on.  ``progress(step, total)`` is called every
+    10 steps; ``checkpoint`` and ``deadline`` pause and resume the whole stack (module
+    docstring, "Pausing").
+    """
+    M = model.members
+    seeds = [int(s) for s in seeds]
+    peak = [float(config.lr)] * M if lrs is None else [float(x) for x in lrs]
+    if len(seeds) != M or len(peak) != M:
+        raise ConfigError("seeds", f"expected {M} seeds and learning rates, got {seeds}, {peak}")
+    if deadline is not None and checkpoint is None:
+        raise ConfigError("deadline", "expected a checkpoint file to pause to")
+    if model.flat.device.type != torch.device(device).type:
+        raise ConfigError(
+            "device", f"expected the stack's device {model.flat.device}, got {device!r}"
+        )
+    model.train()
+    optimizer = StackedAdamW(
+        model.flat, model.flat_grad, model.matrix_mask, weight_decay=config.weight_decay
+    )
+    losses: list[list[float]] = [[] for _ in range(M)]
+    diverged = [False] * M
+    first, elapsed, sittings = 0, 0.0, 1
+    path = None if checkpoint is None else Path(checkpoint)
+    if path is not None and path.is_file():
+        saved = torch.load(path, map_location=device, weights_only=True)
+        if saved["steps"] != config.steps or saved["seeds"] != seeds or saved["lrs"] != peak:
+            raise ConfigError(
+                "checkpoint",
+                f"{path} is of a {saved['steps']}-step run of seeds {saved['seeds']} at learning "
+                f"rates {saved['lrs']}",
+            )
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        first, losses, diverged = int(saved["step"]), saved["losses"], saved["diverged"]
+        elapsed, sittings = float(saved["seconds"]), int(saved["sittings"]) + 1
+    peak_lrs = torch.tensor(peak, dtype=optimizer.lr.dtype, device=optimizer.lr.device)
+    live = torch.tensor([not d for d in diverged], device=optimizer.lr.device)
+    interval = _sync_interval(M, config, task.seq_len, device)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (losses [M], grad norms [M])
+
+    def retire(m: int) -> None:
+        diverged[m] = True
+        live[m] = False
+        optimizer.reset_member(m)
+
+    def flush() -> None:
+        """Read back the queued steps' losses; retire the members that diverged."""
+        if not pending:
+            return
+        step_losses = torch.stack([lo for lo, _ in pending]).double().cpu().numpy()
+        norms = torch.stack([n for _, n in pending]).double().cpu().numpy()
+        pending.clear()
+        for m in range(M):
+            if diverged[m]:
+                continue
+            for value, norm in zip(step_losses[:, m], norms[:, m], strict=True):
+                losses[m].append(float(value))
+                if not (math.isfinite(value) and math.isfinite(norm)):
+                    retire(m)
+                    break
+
+    t0 = time.perf_counter()
+    step = first
+    tokens = targets = torch.empty(0)
+    while step < config.steps and not all(diverged):
+        offset = (step - first) % interval
+        if offset == 0:
+            count = min(interval, config.steps - step)
+            tokens, targets = _batches(task, config, seeds, step, count, device)
+        # The schedule is one curve scaled by each member's peak (lr_at is linear in lr).
+        optimizer.lr.copy_(peak_lrs * (lr_at(step, config) / config.lr) * live)
+        try:
+            step_losses = _member_losses(model(tokens[offset]), targets[offset])
+        except NonFiniteError:
+            # A diverged member's NaNs reached a mixer that checks its inputs before the
+            # next read-back: retire it now and take the step again.
+            retired = sum(diverged)
+            flush()
+            # Parameters gone non-finite with no loss to show it yet:
+            for m in torch.nonzero(~model.flat.isfinite().all(1)).flatten().tolist():
+                if not diverged[m]:
+                    losses[m].append(math.nan)
+                    retire(m)
+            if sum(diverged) == retired:
+                raise
+            continue
+        optimizer.zero_grad()
+        with warnings.catch_warnings():
+            # The gradients are strided views of one buffer (.stacked): by design.
+            warnings.filterwarnings("ignore", message="grad and param do not obey")
+            step_losses.sum().backward()  # the members share no parameter: each gets its own
+        norms = clip_grad_norms(model.flat_grad, config.grad_clip)
+        optimizer.step()
+        pending.append((step_losses.detach(), norms))
+        step += 1
+        if step % interval == 0 or step == config.steps:
+            flush()
+        if progress is not None and (step - 1) % 10 == 0:
+            progress(step - 1, config.steps)
+        if deadline is not None and time.time() >= deadline and step < config.steps:
+            assert path is not None
+            flush()
+            _save_checkpoint(path, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "steps": config.steps, "losses": losses, "diverged": diverged,
+                "seeds": seeds, "lrs": peak,
+                "seconds": elapsed + time.perf_counter() - t0, "sittings": sittings,
+            })  # fmt: skip
+            raise TrainingPaused(step, config.steps, path)
+    flush()
+    seconds = elapsed + time.perf_counter() - t0
+    if path is not None and path.is_file():
+        path.unlink()
+    last = lr_at(max(step - 1, 0), config) / config.lr
+    return [
+        {
+            "losses": losses[m],
+            "train_seconds": seconds,
+            "final_lr": peak[m] * last,
+            "diverged": diverged[m],
+            "sittings": sittings,
+        }
+        for m in range(M)
+    ]
+
+
+def train_members(
+    members: Sequence[Backbone],
+    task: Task,
+    config: TrainConfig,
+    *,
+    seeds: Sequence[int],
+    lrs: Sequence[float] | None = None,
+    device: str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+    checkpoint: Path | str | None = None,
+    deadline: float | None = None,
+) -> list[dict[str, Any]]:
+    """Train the backbones ``members`` (one configuration) side by side
+    (:func:`train_stacked`), write the trained parameters back into them, and evaluate each:
+    the results of :func:`train`, one per member, each with ``stack`` = ``M``."""
+    for member in members:
+        member.to(device)
+    stacked = StackedBackbone(members)
+    outcomes = train_stacked(
+        stacked, task, config, seeds=seeds, lrs=lrs, device=device, progress=progress,
+        checkpoint=checkpoint, deadline=deadline,
+    )  # fmt: skip
+    stacked.write_back(members)
+    results = []
+    for member, seed, outcome in zip(members, seeds, outcomes, strict=True):
+
+        def accuracy(index: int, member: Backbone = member, seed: int = seed) -> float:
+            return evaluate(
+                member,
+                task,
+                seed=seed,
+                index=index,
+                samples=config.eval_samples,
+                batch=config.eval_batch,
+                device=device,
+            )
+
+        results.append(
+            {
+                **outcome,
+                "val_accuracy": accuracy(VALIDATION_INDEX),
+                "test_accuracy": accuracy(TEST_INDEX),
+                "stack": len(members),
+            }
+        )
+    return results
+
+
 def train(
-    model: Backbone | torch.nn.Module,
+    model: Backbone,
     task: Task,
     config: TrainConfig,
     *,
@@ -159,77 +399,14 @@ def train(
     """Train ``model`` on ``task`` for ``config.steps`` steps; return the losses and accuracies.
 
     Returns ``{"losses": [...], "val_accuracy", "test_accuracy", "train_seconds",
-    "final_lr", "diverged", "sittings"}``.  ``progress(step, total)`` is called every 10 steps.
-    ``checkpoint``: a file to resume from when it exists, and to pause to; ``deadline``: a
-    ``time.time()`` after which the run pauses (:class:`TrainingPaused`; needs ``checkpoint``).
-    The checkpoint is removed when the run completes.
+    "final_lr", "diverged", "sittings", "stack"}``.  ``progress(step, total)`` is called every
+    10 steps.  ``checkpoint``: a file to resume from when it exists, and to pause to;
+    ``deadline``: a ``time.time()`` after which the run pauses (:class:`TrainingPaused`; needs
+    ``checkpoint``).  The checkpoint is removed when the run completes.  A stack of one
+    (:func:`train_members`).
     """
-    if deadline is not None and checkpoint is None:
-        raise ConfigError("deadline", "expected a checkpoint file to pause to")
-    model.to(device).train()
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999)
-    )
-    losses: list[float] = []
-    first, elapsed, sittings = 0, 0.0, 1
-    path = None if checkpoint is None else Path(checkpoint)
-    if path is not None and path.is_file():
-        saved = torch.load(path, map_location=device, weights_only=True)
-        if saved["steps"] != config.steps:
-            raise ConfigError("checkpoint", f"{path} is of a {saved['steps']}-step run")
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        first, losses = int(saved["step"]), list(saved["losses"])
-        elapsed, sittings = float(saved["seconds"]), int(saved["sittings"]) + 1
-    t0 = time.perf_counter()
-    lr = config.lr
-    for step in range(first, config.steps):
-        lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        data = task.batch(config.batch_size, seed, step)
-        tokens = torch.as_tensor(data.tokens, device=device)
-        targets = torch.as_tensor(data.targets, device=device)
-        loss = _loss(model, tokens, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if not math.isfinite(losses[-1]):
-            break  # a diverged run is a result (its accuracy is what it is), not a crash
-        if progress is not None and step % 10 == 0:
-            progress(step, config.steps)
-        if deadline is not None and time.time() >= deadline and step + 1 < config.steps:
-            assert path is not None
-            _save_checkpoint(path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step + 1, "steps": config.steps, "losses": losses,
-                "seconds": elapsed + time.perf_counter() - t0, "sittings": sittings,
-            })  # fmt: skip
-            raise TrainingPaused(step + 1, config.steps, path)
-    seconds = elapsed + time.perf_counter() - t0
-    if path is not None and path.is_file():
-        path.unlink()
-
-    def accuracy(index: int) -> float:
-        return evaluate(
-            model,
-            task,
-            seed=seed,
-            index=index,
-            samples=config.eval_samples,
-            batch=config.eval_batch,
-            device=device,
-        )
-
-    return {
-        "losses": losses,
-        "val_accuracy": accuracy(VALIDATION_INDEX),
-        "test_accuracy": accuracy(TEST_INDEX),
-        "train_seconds": seconds,
-        "final_lr": lr,
-        "diverged": bool(losses) and not math.isfinite(losses[-1]),
-        "sittings": sittings,
-    }
+    (result,) = train_members(
+        [model], task, config, seeds=[seed], device=device, progress=progress,
+        checkpoint=checkpoint, deadline=deadline,
+    )  # fmt: skip
+    return result
