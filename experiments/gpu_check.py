@@ -7,7 +7,8 @@
 3. A stack of backbones (``vla_verify.experiments.stacked``) against its members run one by one:
    logits of every mixer.
 4. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256), alone
-   and per member of stacks of 3 and 6 (how much one process gains by stacking).
+   and per member of stacks of 3 and 6 (how much one process gains by stacking), with float32
+   and with TF32 products, and per member of a stack of 3 at T = 1024.
 
 Writes ``<out>/gpu_check.json``; exits 1 when a comparison exceeds its bound.  The bound is
 float32 accumulation over T = 256 steps, ``64 · u32 · T ≈ 1e-3`` relative to the largest entry
@@ -125,8 +126,11 @@ def check_stacked(T: int = 256) -> dict:
     return out
 
 
-def stacked_step_ms(mixer: str, members: int, T: int = 256, steps: int = 15) -> float:
-    """Milliseconds of one training step of a stack, per member (warm: after one short run)."""
+def stacked_step_ms(
+    mixer: str, members: int, T: int = 256, steps: int = 15, precision: str = "highest"
+) -> float:
+    """Milliseconds of one training step of a stack, per member (warm: after one short run);
+    ``precision`` is the products' (``TrainConfig.matmul_precision``)."""
     task = MQARTask(24, T)
     times = []
     for run_steps in (3, steps):
@@ -134,7 +138,7 @@ def stacked_step_ms(mixer: str, members: int, T: int = 256, steps: int = 15) -> 
         for seed in range(members):
             torch.manual_seed(seed)
             models.append(Backbone(ModelConfig(mixer=mixer, short_conv=4), "cuda").cuda())
-        cfg = TrainConfig(steps=run_steps)
+        cfg = TrainConfig(steps=run_steps, matmul_precision=precision)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         train_stacked(StackedBackbone(models), task, cfg, seeds=list(range(members)), device="cuda")
@@ -155,6 +159,13 @@ def main() -> int:
     report["step_ms_B64_T256"] = {m: step_ms(m) for m in mixers}
     report["stacked_step_ms_per_member_B64_T256"] = {
         m: {M: stacked_step_ms(m, M) for M in (1, 3, 6)} for m in mixers
+    }
+    report["stacked_step_ms_per_member_B64_T256_tf32"] = {
+        m: {M: stacked_step_ms(m, M, precision="high") for M in (3, 6)} for m in mixers
+    }
+    report["stacked_step_ms_per_member_B64_T1024_M3"] = {
+        p: {m: stacked_step_ms(m, 3, T=1024, steps=8, precision=p) for m in mixers}
+        for p in ("highest", "high")
     }
     worst = max(
         max(report["fla_vs_gated_delta_rule"].values()),

@@ -2,8 +2,9 @@
 # One GPU run of experiment grids: checks first, then the grids, then the report, all under $OUT.
 #   bash experiments/run_h200.sh OUT COMMIT LIMIT_S WORKERS STEPS LR [LR...]
 # LIMIT_S bounds the whole script: the grids get what the checks left (less 30 s for the report
-# and the archives) and start no stack in their last 90 s.  GRID_ARGS (below) holds one grid
-# `run` per line (default: the c10 cells).  Results resume from the committed
+# and the archives) and start no stack in their last 90 s.  GRID_ARGS (below) holds the grid
+# selections, one per line (default: the c10 cells); TRAIN_ARGS more --train settings (e.g.
+# matmul_precision=high).  Results resume from the committed
 # experiments/results and from what an earlier call on the same (warm) machine left in
 # /tmp/experiment_results, paused stacks included.
 set -u
@@ -28,26 +29,29 @@ fi
 GRID=$(( LIMIT - ($(date +%s) - START) - 30 ))
 BUDGET=$(( GRID > 120 ? GRID - 90 : GRID / 4 ))
 echo "grids: ${GRID} s, new stacks for ${BUDGET} s"
-# GRID_ARGS: options for the grid's `run`, one line per run (a later --grid overrides c10);
-# the runs go side by side, each with WORKERS processes, their results in the one folder.
-N=0
-while IFS= read -r ARGS || [ -n "$ARGS" ]; do
-  # shellcheck disable=SC2086
-  timeout "$GRID" python3 -m vla_verify.experiments run --grid c10 --device cuda \
-    --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
-    --train "steps=$STEPS" --results "$RESULTS" $ARGS > "$LOGS/grid$N.log" 2>&1 &
-  N=$(( N + 1 ))
-done <<< "${GRID_ARGS:-}"
-nvidia-smi dmon -s u -c 20 -d 5 > "$LOGS/dmon.log" 2>&1 &
+# GRID_ARGS: one grid selection per line (--grid G [--sizes …] [--mixers …] [--model …]
+# [--train …]), all run as one plan: one queue of stacks, the longest first, WORKERS
+# processes on the GPU.  Without it, the c10 cells.
+printf '%s\n' "${GRID_ARGS:---grid c10}" > "$LOGS/plan.txt"
+# shellcheck disable=SC2086
+timeout "$GRID" python3 -m vla_verify.experiments run --plan "$LOGS/plan.txt" --device cuda \
+  --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
+  --train "steps=$STEPS" ${TRAIN_ARGS:-} --results "$RESULTS" > "$LOGS/grid.log" 2>&1 &
+nvidia-smi dmon -s u -c $(( GRID / 10 )) -d 10 > "$LOGS/dmon.log" 2>&1 &
 wait
 echo "grids done after $(( $(date +%s) - START )) s"
-for LOG in "$LOGS"/grid*.log; do echo "== $LOG"; tail -c 600 "$LOG"; done
+tail -c 1500 "$LOGS/grid.log"
 timeout 20 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -6
-# The device returns at most 8 files of 16 MiB each: the logs in one archive, the results
-# without checkpoints in another, the checkpoints of paused stacks in 15 MiB parts
-# (`cat checkpoints.tar.part-* | tar -x -C experiments/results` joins them).
+# The device returns at most 8 files, 64 MiB in all: the logs in one archive, the results
+# without checkpoints in another, and the checkpoints of paused stacks (about 10 MiB a stack of
+# three) in at most three 15 MiB parts (`cat checkpoints.tar.part-* | tar -x -C
+# experiments/results` joins them; a stack cut off at the end starts again).  A next call on
+# the still-warm machine finds them all in $RESULTS.
 tar -czf "$OUT/logs.tar.gz" -C /tmp/experiment_logs .
 tar -czf "$OUT/results.tar.gz" -C "$RESULTS" --exclude=checkpoints .
 (cd "$RESULTS" && find . -path '*/checkpoints/*.pt' | tar -cf - -T -) \
-  | split -b 15M -d -a 1 - "$OUT/checkpoints.tar.part-"
+  | split -b 15M -d -a 2 - /tmp/checkpoints.tar.part-
+mv /tmp/checkpoints.tar.part-0[0-2] "$OUT"/ 2>/dev/null
+echo "checkpoint parts not returned: $(ls /tmp/checkpoints.tar.part-* 2>/dev/null | wc -l)"
+rm -f /tmp/checkpoints.tar.part-*
 ls -la "$OUT"

@@ -290,3 +290,53 @@ def test_the_runner_trains_stacks_and_writes_each_job(tmp_path):
         assert data["stack"] == 6 and len(data["stacked_with"]) == 5
         assert data["job"] == job.to_dict() and len(data["losses"]) == 20
     assert isinstance(jobs[0], Job)
+
+
+def test_a_plan_runs_several_selections_as_one_longest_first(tmp_path, capsys):
+    from vla_verify.experiments.cli import main
+    from vla_verify.experiments.runner import stack_cost
+
+    plan = tmp_path / "plan.txt"
+    plan.write_text(
+        "# the copy jobs, then MQAR at two lengths\n"
+        "--grid tiny --mixers softmax\n"
+        "--grid tiny --mixers vla --train steps=3 eval_samples=8\n"
+    )
+    argv = [
+        "--plan",
+        str(plan),
+        "--results",
+        str(tmp_path),
+        "--train",
+        "steps=4",
+        "eval_samples=16",
+    ]
+    assert main(["list", *argv]) == 0
+    assert "0/12 done" in capsys.readouterr().out
+    assert main(["run", *argv, "--stack", "3", "--quiet"]) == 0
+    assert "12/12 done" in capsys.readouterr().out
+    files = {p.name: json.loads(p.read_text()) for p in (tmp_path / "tiny").glob("*-s*.json")}
+    vla = [d for d in files.values() if d["job"]["mixer"] == "vla"]
+    assert len(files) == 12 and all(d["train_config"]["steps"] == 3 for d in vla)
+    assert all(d["train_config"]["eval_samples"] == 8 for d in vla)
+    soft = [d for d in files.values() if d["job"]["mixer"] == "softmax"]
+    assert all(d["train_config"]["steps"] == 4 for d in soft)
+    (tmp_path / "bad.txt").write_text("--grid nonsense\n")
+    assert main(["run", "--plan", str(tmp_path / "bad.txt"), "--results", str(tmp_path)]) == 2
+    assert main(["run", "--results", str(tmp_path)]) == 2  # neither --grid nor --plan
+    jobs = grid_jobs("tiny", mixers=("vla",))
+    ordered = sorted(stacks(jobs, 3), key=stack_cost, reverse=True)
+    assert [s[0].task for s in ordered] == ["mqar", "copy"]  # T = 16 before T = 12
+
+
+def test_matmul_precision_is_checked_and_named_in_the_report():
+    from vla_verify.experiments.report import _fmt
+
+    with pytest.raises(ConfigError) as bad:
+        TrainConfig(matmul_precision="medium")
+    assert bad.value.argument == "matmul_precision"
+    cell = {"mean": 1.0, "std": 0.0, "values": [1, 1, 1]}
+    cell["setting"] = {"model": {}, "train": {"matmul_precision": "high"}}
+    assert "TF32 products" in _fmt(cell)
+    cell["setting"] = {"model": {}, "train": {}}
+    assert "TF32" not in _fmt(cell)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vla_verify.backends.registry import Backend, Capabilities
-from vla_verify.errors import NonFiniteResultError
+from vla_verify.errors import ConfigError, NonFiniteResultError
 
 
 def _tiny():
@@ -52,3 +52,24 @@ class _NoPenaltyState(_PlantedNaN):
 def test_a_state_entry_that_is_not_kept_passes_the_check() -> None:
     o, (_, A, _) = _NoPenaltyState()(*_tiny())
     assert A is None and np.all(o == 0)
+
+
+def test_torch_chunked_checks_its_inputs_unless_told_not_to() -> None:
+    """The option a training loop on a GPU turns off (a device sync per call): on by default,
+    it refuses a NaN input naming it; off, the NaN flows through to the output."""
+    torch = pytest.importorskip("torch")
+    from vla_verify import VLAConfig, backends
+    from vla_verify.errors import NonFiniteError
+
+    q, k, v, u = (torch.as_tensor(x) for x in _tiny())
+    k[0, 1, 0, 0] = float("nan")
+    checked = backends.get("torch_chunked", variant="linear")
+    with pytest.raises(NonFiniteError) as info:
+        checked(q, k, v, u, config=VLAConfig.exact())
+    assert info.value.argument == "k"
+    unchecked = checked.bind(check_finite=False)
+    # On the CPU the outputs are still checked: the NaN reaches them, past the inputs' check.
+    with pytest.raises(NonFiniteResultError, match="o"):
+        unchecked(q, k, v, u, config=VLAConfig.exact())
+    with pytest.raises(ConfigError):
+        backends.get("torch_chunked", check_finite="no")

@@ -829,10 +829,13 @@ def _nudges_within(config: VLAConfig, start: int, T: int) -> bool:
 class TorchChunkedBackend(Backend):
     """Registry name ``torch_chunked``: :func:`chunked` as a spec §4 callable, differentiable.
 
-    Options ``chunk_size`` (16, 32 or 64; default 64) and ``penalty_chain`` (``auto``,
-    ``woodbury``, ``stepwise``; see :func:`chunked`).  Variants ``vla``, ``delta``, ``linear``;
-    any ``nudge_period`` and any ``start`` (spec §2.3).  float64/float32/bfloat16/float16
-    tensors on ``cpu`` or ``cuda``; returns ``(o, (S, A, z))`` in the inputs' dtype and device.
+    Options ``chunk_size`` (16, 32 or 64; default 64), ``penalty_chain`` (``auto``,
+    ``woodbury``, ``stepwise``; see :func:`chunked`) and ``check_finite`` (default True: NaN/Inf
+    inputs are refused; on a GPU the check reads every input back, a device sync per call, which
+    a training loop that queues work ahead of the device turns off).  Variants ``vla``,
+    ``delta``, ``linear``; any ``nudge_period`` and any ``start`` (spec §2.3).
+    float64/float32/bfloat16/float16 tensors on ``cpu`` or ``cuda``; returns ``(o, (S, A, z))``
+    in the inputs' dtype and device.
     """
 
     name = "torch_chunked"
@@ -844,7 +847,7 @@ class TorchChunkedBackend(Backend):
         variants=CHUNKED_VARIANTS,
         differentiable=True,
         requires=("torch",),
-        options={"chunk_size": 64, "penalty_chain": "auto"},
+        options={"chunk_size": 64, "penalty_chain": "auto", "check_finite": True},
     )
 
     def __init__(self, *, variant: str = "vla", **options: Any) -> None:
@@ -867,6 +870,9 @@ class TorchChunkedBackend(Backend):
     @property
     def chunk_size(self) -> int:
         return int(self.options["chunk_size"])
+
+    def _checks_finite(self) -> bool:
+        return bool(self.options["check_finite"])
 
     def check_support(
         self,

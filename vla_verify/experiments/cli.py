@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,14 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "list"):
         p = sub.add_parser(name)
-        p.add_argument("--grid", choices=GRIDS, required=True)
+        p.add_argument("--grid", choices=GRIDS, default=None, help="required unless --plan")
         p.add_argument("--results", default=str(RESULTS_DIR), metavar="DIR")
-        p.add_argument("--sizes", type=int, nargs="+", default=None)
-        p.add_argument("--mixers", nargs="+", default=None)
-        p.add_argument("--lrs", type=float, nargs="+", default=None)
-        p.add_argument("--seeds", type=int, nargs="+", default=None)
-        p.add_argument("--model", nargs="*", default=[], metavar="KEY=VALUE")
-        p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE")
+        _add_selection(p)
+        p.add_argument(
+            "--plan",
+            default=None,
+            metavar="FILE",
+            help="several grid selections run as one: a file ('-': standard input) with one "
+            "line of --grid G [--sizes …] [--mixers …] [--lrs …] [--seeds …] [--model …] "
+            "[--train …] per selection; the options of the command line are every line's "
+            "defaults (--model and --train merged key by key)",
+        )
         if name == "run":
             p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
             p.add_argument(
@@ -75,9 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _jobs(args: argparse.Namespace) -> list[Any]:
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    """The options that select a grid's jobs (the command line's, and each line of a plan)."""
+    p.add_argument("--sizes", type=int, nargs="+", default=None)
+    p.add_argument("--mixers", nargs="+", default=None)
+    p.add_argument("--lrs", type=float, nargs="+", default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--model", nargs="*", default=[], metavar="KEY=VALUE")
+    p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE")
+
+
+def _selection(args: argparse.Namespace, grid: str) -> list[Any]:
     return grid_jobs(
-        args.grid,
+        grid,
         mixers=tuple(args.mixers) if args.mixers else None,
         lrs=tuple(args.lrs) if args.lrs else None,
         seeds=tuple(args.seeds) if args.seeds else None,
@@ -85,6 +100,37 @@ def _jobs(args: argparse.Namespace) -> list[Any]:
         model=_overrides(args.model, "--model"),
         train=_overrides(args.train, "--train"),
     )
+
+
+def _plan_lines(plan: str) -> list[str]:
+    text = sys.stdin.read() if plan == "-" else Path(plan).read_text()
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _jobs(args: argparse.Namespace) -> list[Any]:
+    """The jobs the command line selects: one grid's, or every line's of ``--plan``."""
+    if args.plan is None:
+        if args.grid is None:
+            raise VLAInputError("--grid", "expected a grid (or --plan FILE)")
+        return _selection(args, args.grid)
+    line_parser = argparse.ArgumentParser(prog="--plan line", add_help=False)
+    line_parser.add_argument("--grid", choices=GRIDS, required=True)
+    _add_selection(line_parser)
+    jobs: list[Any] = []
+    for line in _plan_lines(args.plan):
+        try:
+            own = line_parser.parse_args(shlex.split(line))
+        except SystemExit:
+            raise VLAInputError("--plan", f"cannot read the line {line!r}") from None
+        for name in ("sizes", "mixers", "lrs", "seeds"):
+            if getattr(own, name) is None:
+                setattr(own, name, getattr(args, name))
+        own.model = [*args.model, *own.model]  # the line's own keys come last and win
+        own.train = [*args.train, *own.train]
+        jobs += [job for job in _selection(own, own.grid) if job not in jobs]
+    if not jobs:
+        raise VLAInputError("--plan", "expected at least one line of grid options")
+    return jobs
 
 
 def _record_manifest(results: Path, grid: str, jobs: Sequence[Any]) -> None:
@@ -129,7 +175,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from .runner import run_grid
 
-    for grid in sorted({j.grid for j in jobs}):  # the c10 grid's jobs belong to two grids
+    for grid in sorted({j.grid for j in jobs}):  # a c10 or plan's jobs span grids
         _record_manifest(results, grid, [j for j in jobs if j.grid == grid])
     outcome = run_grid(
         jobs,
@@ -142,7 +188,7 @@ def _main(args: argparse.Namespace) -> int:
     )
     done = outcome["total"] - outcome["pending"]
     print(
-        f"{args.grid}: ran {outcome['ran']}, failed {outcome['failed']}, "
+        f"{args.grid or 'plan'}: ran {outcome['ran']}, failed {outcome['failed']}, "
         f"paused {outcome.get('paused', 0)} (resumed by the next run), "
         f"{done}/{outcome['total']} done"
     )

@@ -257,7 +257,13 @@ class AttentionLayer(nn.Module):
         self._backend = None
         if config.mixer in PENALTY_MIXERS:
             name = config.backend or default_backend(config.mixer, device)
-            self._backend = backends.get(name, variant=config.mixer)
+            backend = backends.get(name, variant=config.mixer)
+            if device == "cuda" and "check_finite" in backend.capabilities.options:
+                # The input check reads the inputs back: a device sync per mixer call, which
+                # stalls a training step that the host queues ahead of the GPU.  Training
+                # watches its losses and gradient norms for non-finite values instead.
+                backend = backend.bind(check_finite=False)
+            self._backend = backend
             if config.mixer != "vla":  # linear and delta keep no A: nudges change nothing
                 self.vla_config = VLAConfig.exact(
                     out_eps=self.vla_config.out_eps, norm_eps=self.vla_config.norm_eps

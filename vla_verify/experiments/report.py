@@ -32,6 +32,8 @@ def _fmt(cell: dict[str, Any] | None) -> str:
         notes.append(f"embedding std {model['embedding_std']}")
     if "steps" in train:
         notes.append(f"{train['steps']} steps")
+    if train.get("matmul_precision") == "high":
+        notes.append("TF32 products")
     extra = f" [{', '.join(notes)}]" if notes else ""
     return f"{cell['mean']:.3f} ± {cell['std']:.3f} ({len(cell['values'])}){extra}"
 

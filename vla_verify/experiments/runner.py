@@ -45,6 +45,7 @@ __all__ = [
     "provenance",
     "result_path",
     "run_grid",
+    "stack_cost",
     "stacks",
 ]
 
@@ -235,6 +236,15 @@ def execute_job(
     return result
 
 
+def stack_cost(stack: Sequence[Job]) -> int:
+    """A stack's work per training step in member-tokens (members × sequence length): the
+    order in which :func:`run_grid` starts stacks (the jobs of one run train as many steps)."""
+    from .tasks import make_task
+
+    first = stack[0]
+    return len(stack) * make_task(first.task, **first.task_params).seq_len
+
+
 def _run_stack(stack: Sequence[Job], device: str, results_dir: Path, deadline: float) -> str | None:
     """Run one stack and write its results; return None, or what stopped it (a paused stack
     keeps its checkpoint for the next run; any other error is the stack's failure)."""
@@ -294,13 +304,16 @@ def run_grid(
 ) -> dict[str, Any]:
     """Run every pending job of ``jobs``; return ``{"total", "done_before", "ran", "failed",
     "paused", "pending", "errors", "stacks"}`` (counts of jobs).  Jobs train in stacks of at
-    most ``stack`` (:func:`stacks`, :mod:`.stacked`).  A stack still training when
-    ``time_budget_s`` ends pauses to :func:`checkpoint_path` and resumes there in a later run
-    (formed again from the same pending jobs).  ``device`` ``"cpu"`` with one worker runs in
+    most ``stack`` (:func:`stacks`, :mod:`.stacked`), the costliest first
+    (:func:`stack_cost`).  A stack still training when ``time_budget_s`` ends pauses to
+    :func:`checkpoint_path` and resumes there in a later run (formed again from the same
+    pending jobs).  ``device`` ``"cpu"`` with one worker runs in
     this process; otherwise ``workers_per_device`` processes per visible GPU (or on the CPU)."""
     results_dir = Path(results_dir)
     todo = pending(jobs, results_dir)
-    work = stacks(todo, stack)
+    # The longest stacks first: the workers then finish together instead of the last one
+    # starting a long stack as the others fall idle.
+    work = sorted(stacks(todo, stack), key=stack_cost, reverse=True)
     summary: dict[str, Any] = {
         "total": len(jobs),
         "done_before": len(jobs) - len(todo),

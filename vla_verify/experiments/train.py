@@ -23,11 +23,12 @@ the same batches, so a paused-and-resumed run gives the losses of one sitting.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,11 @@ class TrainConfig:
     min_lr_fraction: float = 0.1
     eval_samples: int = 512
     eval_batch: int = 128
+    #: ``torch.set_float32_matmul_precision`` on a GPU while the stack trains: ``"highest"``
+    #: (float32 products, as the CPU computes them) or ``"high"`` (TF32 tensor-core products:
+    #: 10-bit mantissas, float32 accumulation; several times faster).  The recurrent mixers'
+    #: kernels compute in float32 either way.
+    matmul_precision: str = "highest"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_samples", "eval_batch"):
@@ -95,6 +101,10 @@ class TrainConfig:
         for name in ("warmup_fraction", "min_lr_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(name, f"expected a fraction in [0, 1], got {getattr(self, name)}")
+        if self.matmul_precision not in ("highest", "high"):
+            raise ConfigError(
+                "matmul_precision", f"expected 'highest' or 'high', got {self.matmul_precision!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +191,19 @@ def _batches(
     tokens = np.stack([[b.tokens for b in row] for row in data])
     targets = np.stack([[b.targets for b in row] for row in data])
     return torch.as_tensor(tokens, device=device), torch.as_tensor(targets, device=device)
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision: str, cuda: bool) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` on a GPU for the duration (restored
+    after); the CPU's products stay as they are."""
+    before = torch.get_float32_matmul_precision()
+    if cuda:
+        torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def _sync_interval(members: int, config: TrainConfig, seq_len: int, device: str) -> int:
@@ -275,51 +298,52 @@ def train_stacked(
     t0 = time.perf_counter()
     step = first
     tokens = targets = torch.empty(0)
-    while step < config.steps and not all(diverged):
-        offset = (step - first) % interval
-        if offset == 0:
-            count = min(interval, config.steps - step)
-            tokens, targets = _batches(task, config, seeds, step, count, device)
-        # The schedule is one curve scaled by each member's peak (lr_at is linear in lr).
-        optimizer.lr.copy_(peak_lrs * (lr_at(step, config) / config.lr) * live)
-        try:
-            step_losses = _member_losses(model(tokens[offset]), targets[offset])
-        except NonFiniteError:
-            # A diverged member's NaNs reached a mixer that checks its inputs before the
-            # next read-back: retire it now and take the step again.
-            retired = sum(diverged)
-            flush()
-            # Parameters gone non-finite with no loss to show it yet:
-            for m in torch.nonzero(~model.flat.isfinite().all(1)).flatten().tolist():
-                if not diverged[m]:
-                    losses[m].append(math.nan)
-                    retire(m)
-            if sum(diverged) == retired:
-                raise
-            continue
-        optimizer.zero_grad()
-        with warnings.catch_warnings():
-            # The gradients are strided views of one buffer (.stacked): by design.
-            warnings.filterwarnings("ignore", message="grad and param do not obey")
-            step_losses.sum().backward()  # the members share no parameter: each gets its own
-        norms = clip_grad_norms(model.flat_grad, config.grad_clip)
-        optimizer.step()
-        pending.append((step_losses.detach(), norms))
-        step += 1
-        if step % interval == 0 or step == config.steps:
-            flush()
-        if progress is not None and (step - 1) % 10 == 0:
-            progress(step - 1, config.steps)
-        if deadline is not None and time.time() >= deadline and step < config.steps:
-            assert path is not None
-            flush()
-            _save_checkpoint(path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "steps": config.steps, "losses": losses, "diverged": diverged,
-                "seeds": seeds, "lrs": peak,
-                "seconds": elapsed + time.perf_counter() - t0, "sittings": sittings,
-            })  # fmt: skip
-            raise TrainingPaused(step, config.steps, path)
+    with _matmul_precision(config.matmul_precision, model.flat.is_cuda):
+        while step < config.steps and not all(diverged):
+            offset = (step - first) % interval
+            if offset == 0:
+                count = min(interval, config.steps - step)
+                tokens, targets = _batches(task, config, seeds, step, count, device)
+            # The schedule is one curve scaled by each member's peak (lr_at is linear in lr).
+            optimizer.lr.copy_(peak_lrs * (lr_at(step, config) / config.lr) * live)
+            try:
+                step_losses = _member_losses(model(tokens[offset]), targets[offset])
+            except NonFiniteError:
+                # A diverged member's NaNs reached a mixer that checks its inputs before the
+                # next read-back: retire it now and take the step again.
+                retired = sum(diverged)
+                flush()
+                # Parameters gone non-finite with no loss to show it yet:
+                for m in torch.nonzero(~model.flat.isfinite().all(1)).flatten().tolist():
+                    if not diverged[m]:
+                        losses[m].append(math.nan)
+                        retire(m)
+                if sum(diverged) == retired:
+                    raise
+                continue
+            optimizer.zero_grad()
+            with warnings.catch_warnings():
+                # The gradients are strided views of one buffer (.stacked): by design.
+                warnings.filterwarnings("ignore", message="grad and param do not obey")
+                step_losses.sum().backward()  # the members share no parameter: each gets its own
+            norms = clip_grad_norms(model.flat_grad, config.grad_clip)
+            optimizer.step()
+            pending.append((step_losses.detach(), norms))
+            step += 1
+            if (step - first) % interval == 0 or step == config.steps:
+                flush()
+            if progress is not None and (step - 1) % 10 == 0:
+                progress(step - 1, config.steps)
+            if deadline is not None and time.time() >= deadline and step < config.steps:
+                assert path is not None
+                flush()
+                _save_checkpoint(path, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "step": step, "steps": config.steps, "losses": losses, "diverged": diverged,
+                    "seeds": seeds, "lrs": peak,
+                    "seconds": elapsed + time.perf_counter() - t0, "sittings": sittings,
+                })  # fmt: skip
+                raise TrainingPaused(step, config.steps, path)
     flush()
     seconds = elapsed + time.perf_counter() - t0
     if path is not None and path.is_file():
