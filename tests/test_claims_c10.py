@@ -32,11 +32,12 @@ def _paper_figures(**changes: float) -> dict:
 
 
 def test_no_results_is_not_measured(tmp_path):
-    (absent,) = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "absent")
+    absent, length = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "absent")
     assert absent.verdict is Verdict.NOT_MEASURED
     assert "not yet measured" in absent.method
+    assert length.id == "C10.length" and length.verdict is Verdict.NOT_MEASURED
     (tmp_path / "empty").mkdir()
-    (empty,) = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "empty")
+    empty, _length = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "empty")
     assert empty.verdict is Verdict.NOT_MEASURED
     other = tmp_path / "other" / "tiny"  # results of other grids only
     other.mkdir(parents=True)
@@ -54,13 +55,13 @@ def test_no_results_is_not_measured(tmp_path):
     (other / "a.json").write_text(
         json.dumps({"job": job, "val_accuracy": 0.1, "test_accuracy": 0.1})
     )
-    (none,) = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "other")
+    none, _length = c10_recall.run(tiny_context(tmp_path), path=tmp_path / "other")
     assert none.verdict is Verdict.NOT_MEASURED
 
 
 def test_complete_results_meeting_the_figures_reproduce(tmp_path):
     path = _summary(tmp_path, _paper_figures(mqar_n24_softmax=0.30))  # within 0.05
-    (result,) = c10_recall.run(tiny_context(tmp_path), path=path)
+    result, _length = c10_recall.run(tiny_context(tmp_path), path=path)
     assert result.verdict is Verdict.REPRODUCED
     assert result.figures["table"]["mqar_n24.softmax"]["measured"] == pytest.approx(0.30)
     assert result.figures["worst_deviation"] == pytest.approx(0.04)
@@ -71,7 +72,7 @@ def test_complete_results_meeting_the_figures_reproduce(tmp_path):
 )
 def test_one_figure_off_is_not_reproduced(tmp_path, change):
     path = _summary(tmp_path, _paper_figures(**change))
-    (result,) = c10_recall.run(tiny_context(tmp_path), path=path)
+    result, _length = c10_recall.run(tiny_context(tmp_path), path=path)
     assert result.verdict is Verdict.NOT_REPRODUCED
 
 
@@ -96,7 +97,7 @@ def test_default_partial_results_are_not_measured_with_the_missing_list(tmp_path
     results = tmp_path / "results"
     _plant_jobs(results, {"mqar_n24.vla": 1.0})
     monkeypatch.setattr(c10_recall, "_default_sources", lambda: [results])
-    (result,) = c10_recall.run(tiny_context(tmp_path))
+    result, _length = c10_recall.run(tiny_context(tmp_path))
     assert result.verdict is Verdict.NOT_MEASURED
     assert "mqar_n24.softmax (0 of 3 seeds)" in result.evidence[0]
 
@@ -132,11 +133,11 @@ def test_a_results_directory_is_aggregated_at_the_learning_rate_chosen_on_valida
     _plant_jobs(results, dict(c10_recall.PAPER))
     # a second learning rate, worse on validation but with perfect test scores: not selected
     _plant_jobs(results, {"mqar_n24.deltanet": 1.0}, lr=3e-3, val_shift=-0.995)
-    (result,) = c10_recall.run(tiny_context(tmp_path), path=results)
+    result, _length = c10_recall.run(tiny_context(tmp_path), path=results)
     assert result.verdict is Verdict.REPRODUCED
     # the same second setting now better on validation: selected, and the figure is off
     _plant_jobs(results, {"mqar_n24.deltanet": 1.0}, lr=3e-3, val_shift=0.0)
-    (result,) = c10_recall.run(tiny_context(tmp_path), path=results)
+    result, _length = c10_recall.run(tiny_context(tmp_path), path=results)
     assert result.verdict is Verdict.NOT_REPRODUCED
     assert result.figures["table"]["mqar_n24.deltanet"]["measured"] == pytest.approx(1.0)
 

@@ -43,7 +43,7 @@ def test_c7_verdict_per_criterion(tmp_path):
     results = {r.id: r for r in c7_capacity.run(tiny_context(tmp_path))}
     assert set(results) == {
         f"C7.{kind}.{c}" for kind in ("exact", "graceful") for c in c7_capacity.CRITERIA
-    }
+    } | {"C7.mqar.exact", "C7.mqar.graceful"}
     for c in c7_capacity.CRITERIA:
         exact = results[f"C7.exact.{c}"]
         assert (exact.verdict is Verdict.REPRODUCED) == (exact.figures["min_recall_n_le_dk"] == 1)

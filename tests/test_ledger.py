@@ -64,6 +64,7 @@ def test_claims_command_writes_the_json_schema(tmp_path, capsys):
         "C9.scaling",
         "C9.crossover",
         "C10",
+        "C10.length",
     ]
     allowed = {v.value for v in Verdict}
     for c in data["claims"]:
@@ -92,7 +93,7 @@ def test_run_from_cli_returns_json_data(tmp_path, monkeypatch):
     args = argparse.Namespace(profile="quick", outdir=str(tmp_path), quiet=True, seed=0, json=None)
     data = ledger.run_from_cli(args)
     json.dumps(data)
-    assert [c["id"] for c in data["claims"]][-1] == "C10"
+    assert [c["id"] for c in data["claims"]][-2:] == ["C10", "C10.length"]
 
 
 def test_replay_of_a_certified_counterexample(tmp_path, capsys):
@@ -117,7 +118,9 @@ def test_quick_profile_runs_every_claim(tmp_path):
     ids = {r.id for r in report.results}
     expected = {"C1.float64", "C1.float32", "C1.bfloat16", "C1.float16", "C2", "C3.vla"}
     expected |= {"C3.rls", "C4.step", "C4.product", "C5.paper", "C5.exact", "C6.absolute"}
-    assert expected | {"C6.ratio", "C7.exact.tolerance", "C7.graceful.nearest", "C10"} <= ids
+    expected |= {"C6.ratio", "C6.trained.absolute", "C6.trained.ratio", "C7.exact.tolerance"}
+    expected |= {"C7.graceful.nearest", "C7.mqar.exact", "C7.mqar.graceful", "C10", "C10.length"}
+    assert expected <= ids
     assert report.seconds < 300
     for r in report.results:
         if r.verdict is Verdict.FAILS and r.counterexample:

@@ -114,3 +114,33 @@ def test_figure_rule_both_sides():
     assert verdicts.figure_verdict(float("nan"), 1600.0, factor=2.0) is Verdict.NOT_REPRODUCED
     with pytest.raises(VLAInputError, match="factor"):
         verdicts.figure_verdict(1.0, 1.0, factor=0.5)
+
+
+def test_cells_rule_every_way():
+    """Cell by cell (C7.mqar, C10.length): all agree -> REPRODUCED; one judged cell off ->
+    NOT_REPRODUCED even beside unjudged cells; otherwise a cell short of seeds -> NOT_MEASURED,
+    naming it; nothing to compare -> NOT_MEASURED."""
+    agree = [verdicts.Comparison("T = 64", True), verdicts.Comparison("T = 128", True)]
+    short = verdicts.Comparison("T = 256", None, ("T = 256 vla (2 of 3 seeds)",))
+    off = verdicts.Comparison("T = 512", False)
+    assert verdicts.cells_verdict(agree).verdict is Verdict.REPRODUCED
+    a = verdicts.cells_verdict([*agree, short])
+    assert a.verdict is Verdict.NOT_MEASURED and a.lacking == ["T = 256 vla (2 of 3 seeds)"]
+    a = verdicts.cells_verdict([*agree, short, off])
+    assert a.verdict is Verdict.NOT_REPRODUCED and a.disagreeing == ["T = 512"]
+    assert verdicts.cells_verdict([]).verdict is Verdict.NOT_MEASURED
+    with pytest.raises(VLAInputError, match="lacking"):
+        verdicts.Comparison("T = 64", None)  # unjudged without naming what is missing
+    with pytest.raises(VLAInputError, match="lacking"):
+        verdicts.Comparison("T = 64", True, ("T = 64 vla (1 of 3 seeds)",))
+
+
+def test_clearly_greater_rule_both_sides():
+    """A above B only beyond two standard errors of the difference (se = std/√seeds)."""
+    assert verdicts.clearly_greater(0.8, 0.05, 3, 0.1, 0.02, 3)
+    # 0.667 ± 0.577 (3) against 0.12 ± 0.02 (3): difference 0.547 < 2·0.334
+    assert not verdicts.clearly_greater(2 / 3, 0.57735, 3, 0.12, 0.02, 3)
+    assert not verdicts.clearly_greater(0.5, 0.0, 3, 0.5, 0.0, 3)  # equal is not greater
+    assert not verdicts.clearly_greater(float("nan"), 0.0, 3, 0.1, 0.0, 3)
+    with pytest.raises(VLAInputError, match="seeds"):
+        verdicts.clearly_greater(1.0, 0.0, 0, 0.1, 0.0, 3)

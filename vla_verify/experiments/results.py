@@ -39,6 +39,7 @@ __all__ = [
     "c10_figures",
     "cells",
     "completion",
+    "find_cell",
     "load_results",
     "state_norm_probes",
     "summary",
@@ -133,9 +134,12 @@ def cells(results: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], Cell]
     return out
 
 
-def _find(
+def find_cell(
     table: dict[tuple[str, str, str], Cell], grid: str, params: dict[str, int], mixer: str
 ) -> Cell | None:
+    """The cell of ``table`` (:func:`cells`) in ``grid`` for ``mixer`` whose task parameters
+    include ``params`` (a cell may hold more, e.g. the vocabulary of MQAR at n = 64); None when
+    there is none."""
     for (g, p, m), cell in table.items():
         task = json.loads(p)
         if g == grid and m == mixer and all(task.get(k) == v for k, v in params.items()):
@@ -146,7 +150,7 @@ def _find(
 def c10_figures(results: Iterable[dict[str, Any]]) -> dict[str, Cell | None]:
     """The seven C10 figures (:data:`C10_FIGURES`), None where the cell has no result."""
     table = cells(results)
-    return {name: _find(table, *spec) for name, spec in C10_FIGURES.items()}
+    return {name: find_cell(table, *spec) for name, spec in C10_FIGURES.items()}
 
 
 def _probe_at(probe: dict[str, Any], t: int, layer: int = 0) -> float | None:

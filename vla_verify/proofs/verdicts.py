@@ -18,6 +18,12 @@ setting where the claim provably holds gets HOLDS, one where it provably fails g
   otherwise.
 - :func:`figure_verdict` — a measured figure against the paper's (C6, C7): REPRODUCED when the
   measurement lies within the stated tolerance, NOT_REPRODUCED otherwise.
+- :func:`cells_verdict` — a paper's figures checked cell by cell on trained models, each cell a
+  mean over seeds (spec §3 C7, C10: ``C7.mqar.*``, ``C10.length``): NOT_REPRODUCED as soon as
+  one cell measured on enough seeds disagrees; otherwise NOT_MEASURED while some cell lacks
+  seeds (the verdict names them); REPRODUCED when every cell is measured and agrees.
+  :func:`clearly_greater` is its test of "A is above B" between two such cells: the difference
+  of the means beyond ``SEPARATION`` standard errors.
 """
 
 from __future__ import annotations
@@ -35,10 +41,15 @@ __all__ = [
     "ACCURACY_LIMIT",
     "GROWTH_EXPONENT",
     "MIN_DECADES",
+    "SEPARATION",
     "AccuracyAssessment",
+    "CellsAssessment",
+    "Comparison",
     "GrowthAssessment",
     "accuracy_verdict",
     "ceiling_verdict",
+    "cells_verdict",
+    "clearly_greater",
     "figure_verdict",
     "growth_verdict",
 ]
@@ -49,6 +60,9 @@ GROWTH_EXPONENT = 0.1
 MIN_DECADES = 2.0
 #: Relative error beyond which a low-precision inverse no longer counts as the inverse.
 ACCURACY_LIMIT = 0.01
+#: Standard errors of their difference by which one mean over seeds must exceed another to count
+#: as greater (:func:`clearly_greater`): about a 2.5% one-sided chance under equal means.
+SEPARATION = 2.0
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> float:
@@ -198,3 +212,79 @@ def figure_verdict(measured: float, paper: float, *, factor: float) -> Verdict:
     if not math.isfinite(measured):
         return Verdict.NOT_REPRODUCED
     return Verdict.from_measurement(paper / factor <= measured <= paper * factor)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One point at which a figure on trained models is checked against the paper: ``agrees``
+    is whether it agrees there, None when it is not judged because a cell it needs is measured
+    on fewer seeds than required; ``lacking`` names those cells (with their seed counts)."""
+
+    name: str
+    agrees: bool | None
+    lacking: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A point is judged exactly when every cell it reads has its seeds.
+        if (self.agrees is None) != bool(self.lacking):
+            raise VLAInputError(
+                "lacking",
+                f"{self.name}: a point is unjudged (agrees=None) exactly when cells lack seeds",
+            )
+
+
+@dataclass(frozen=True)
+class CellsAssessment:
+    """What :func:`cells_verdict` decided: the points that disagree, the cells lacking seeds."""
+
+    verdict: Verdict
+    disagreeing: list[str]
+    lacking: list[str]
+    reason: str
+
+
+def cells_verdict(comparisons: Sequence[Comparison]) -> CellsAssessment:
+    """Cell-by-cell rule (module docstring; docs/verdicts.md): one disagreeing point measured on
+    enough seeds decides NOT_REPRODUCED whatever the other points hold, since more seeds
+    elsewhere cannot undo it; otherwise a point without its seeds leaves the verdict open."""
+    disagreeing = [c.name for c in comparisons if c.agrees is False]
+    lacking = [cell for c in comparisons if c.agrees is None for cell in c.lacking]
+    if disagreeing:
+        return CellsAssessment(
+            Verdict.from_measurement(False),
+            disagreeing,
+            lacking,
+            f"disagrees with the paper at {', '.join(disagreeing)}",
+        )
+    if lacking or not comparisons:
+        return CellsAssessment(
+            Verdict.from_measurement(None),
+            disagreeing,
+            lacking,
+            "not measured: " + (", ".join(lacking) if lacking else "no cell to compare"),
+        )
+    return CellsAssessment(
+        Verdict.from_measurement(True),
+        disagreeing,
+        lacking,
+        f"agrees with the paper at all {len(comparisons)} points",
+    )
+
+
+def clearly_greater(
+    mean_a: float,
+    std_a: float,
+    seeds_a: int,
+    mean_b: float,
+    std_b: float,
+    seeds_b: int,
+    *,
+    separation: float = SEPARATION,
+) -> bool:
+    """Whether mean A exceeds mean B by more than ``separation·sqrt(se_a² + se_b²)``, with
+    ``se = std/√seeds`` (a non-finite figure is never greater)."""
+    if min(seeds_a, seeds_b) < 1:
+        raise VLAInputError("seeds", f"expected at least one seed each, got {seeds_a}, {seeds_b}")
+    se = math.hypot(std_a / math.sqrt(seeds_a), std_b / math.sqrt(seeds_b))
+    difference = mean_a - mean_b
+    return bool(math.isfinite(difference) and math.isfinite(se) and difference > separation * se)

@@ -17,17 +17,30 @@ Every ``||S_T||_F`` comes from :func:`~vla_verify.proofs.claims.trusted_recurren
 ``NORM_RTOL``: the float64 run where its own estimate vouches for that accuracy, else the
 escalated reference, else the measurement is beyond the reference's reach, left out and counted
 in the evidence (a figure with no measurement left is ``NOT_MEASURED``).
+
+On trained models: ``C6.trained.absolute`` and ``C6.trained.ratio`` apply the same rules and
+constants to the probe of the trained MQAR models (n = 24, the setting their cell selects on
+validation): ``||S_t||_F`` in layer 1 at t = 1000, mean over heads, then over seeds
+(:func:`vla_verify.experiments.results.c6_figures`), read from the repository's results folder
+like C10 (never the working directory) or from an explicit ``path``.  Without at least
+``MIN_SEEDS`` probe values for linear attention and for VLA they are ``NOT_MEASURED``, naming
+what is missing; DeltaNet's figure is reported beside.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
+from ...experiments.results import MIN_SEEDS, c6_figures, load_results
 from ...layer import init_layer, layer_inputs
 from ...spec import VLAConfig
 from ..ledger import Claim, ClaimResult, Context, Verdict
 from ..verdicts import figure_verdict
-from . import ReferenceTally, layer_penalties, trusted_recurrence
+from . import ReferenceTally, c10_recall, layer_penalties, trusted_recurrence
 
 __all__ = [
     "CLAIM",
@@ -38,6 +51,8 @@ __all__ = [
     "measure",
     "measure_zero_mean",
     "run",
+    "trained_figures",
+    "trained_results",
 ]
 
 PAPER_LINEAR = 1600.0
@@ -116,7 +131,13 @@ def measure_zero_mean(
     return {m: _mean(v) for m, v in norms.items()}
 
 
-def run(ctx: Context, *, value_scale: float = 1.0) -> list[ClaimResult]:
+def run(ctx: Context, *, value_scale: float = 1.0, path: Path | None = None) -> list[ClaimResult]:
+    """``C6.absolute`` and ``C6.ratio`` on the random layer, then ``C6.trained.*`` from the
+    training results at ``path`` (default: the repository's results folder)."""
+    return [*_random_layer(ctx, value_scale), *trained_results(path)]
+
+
+def _random_layer(ctx: Context, value_scale: float) -> list[ClaimResult]:
     p = ctx.profile
     tally = ReferenceTally()
     m = measure(p.layer_T, p.layer_seeds, value_scale=value_scale, base_seed=ctx.seed, tally=tally)
@@ -200,6 +221,119 @@ def run(ctx: Context, *, value_scale: float = 1.0) -> list[ClaimResult]:
                 zero_mean_text,
                 tally.evidence(),
             ],
+        ),
+    ]
+
+
+#: Where the trained figure is probed (the paper's T = 1000).
+TRAINED_T = 1000
+#: The mixers whose trained figure the verdicts need, and the one reported beside them.
+TRAINED_JUDGED = ("linear", "vla")
+TRAINED_BESIDE = "deltanet"
+
+
+def trained_figures(source: Path) -> dict[str, dict[str, Any]]:
+    """``{mixer: {"mean", "std", "values"}}`` of the trained probe at t = ``TRAINED_T``: from a
+    results directory (:func:`~vla_verify.experiments.results.c6_figures`) or from
+    ``state_norm_t1000`` of a ``summary.json``; empty when ``source`` holds no results."""
+    source = Path(source)
+    if source.is_dir():
+        results = load_results(source)
+        return dict(c6_figures(results, TRAINED_T)["trained"]) if results else {}
+    if source.is_file():
+        data = json.loads(source.read_text())
+        figures = data.get("state_norm_t1000") if isinstance(data, dict) else None
+        trained = figures.get("trained") if isinstance(figures, dict) else None
+        return dict(trained) if isinstance(trained, dict) else {}
+    return {}
+
+
+def _probe_text(figure: dict[str, Any] | None) -> str:
+    if not figure:
+        return "no probe"
+    n = len(figure.get("values") or [])
+    return f"{figure['mean']:.4g} ± {figure['std']:.3g} ({n} seeds)"
+
+
+def trained_results(path: Path | None = None) -> list[ClaimResult]:
+    """``C6.trained.absolute`` and ``C6.trained.ratio`` (spec §3 C6 on the trained models of
+    spec §3 C10; module docstring): the rules of ``C6.absolute`` and ``C6.ratio`` applied to the
+    trained probe's means over seeds."""
+    source, shown = c10_recall.results_location(path)
+    figures = trained_figures(source)
+    shown_mixers = (*TRAINED_JUDGED, TRAINED_BESIDE)
+    seeds = {m: len((figures.get(m) or {}).get("values") or []) for m in shown_mixers}
+    lacking = [
+        f"{m} ({seeds[m]} of {MIN_SEEDS} probe values)"
+        for m in TRAINED_JUDGED
+        if seeds[m] < MIN_SEEDS
+    ]
+    mean = {m: float(f["mean"]) for m, f in figures.items() if f}
+    measured = not lacking
+    reduction = mean["linear"] / mean["vla"] if measured else None
+    if reduction is not None:
+        linear_v = figure_verdict(mean["linear"], PAPER_LINEAR, factor=LINEAR_FACTOR)
+        vla_ok = mean["vla"] < PAPER_VLA_BOUND
+        absolute = Verdict.from_measurement(linear_v is Verdict.REPRODUCED and vla_ok)
+        ratio_v = figure_verdict(reduction, PAPER_REDUCTION, factor=RATIO_FACTOR)
+        absolute_text = (
+            f"linear {mean['linear']:.1f} (paper ≈ {PAPER_LINEAR:g}: "
+            f"{'within' if linear_v is Verdict.REPRODUCED else 'outside'} ×{LINEAR_FACTOR:g}); "
+            f"vla {mean['vla']:.2f} ({'<' if vla_ok else '≥'} {PAPER_VLA_BOUND:g})"
+        )
+        ratio_text = (
+            f"reduction {reduction:.1f}× (paper {PAPER_REDUCTION:g}×, "
+            f"{'within' if ratio_v is Verdict.REPRODUCED else 'outside'} ×{RATIO_FACTOR:g})"
+        )
+    else:
+        absolute = ratio_v = Verdict.from_measurement(None)
+        absolute_text = ratio_text = f"not measured in {shown}: missing {', '.join(lacking)}"
+    model = (
+        f"trained models: the 2-layer backbone of spec §2.5 trained on MQAR at n = 24, T = 256, "
+        f"in the training setting its cell selects on validation; probe: ||S_t||_F of layer 1 "
+        f"at t = {TRAINED_T} on uniformly random tokens, mean over heads, then the mean over "
+        f">= {MIN_SEEDS} seeds"
+    )
+    probes = ", ".join(f"{m} {_probe_text(figures.get(m))}" for m in shown_mixers)
+    figure_values: dict[str, Any] = {
+        **{f"{m}_norm": mean.get(m) for m in shown_mixers},
+        **{f"{m}_seeds": seeds[m] for m in shown_mixers},
+        "trained": figures,
+        "reduction": reduction,
+        "paper_linear": PAPER_LINEAR,
+        "paper_vla_bound": PAPER_VLA_BOUND,
+        "paper_reduction": PAPER_REDUCTION,
+        "t": TRAINED_T,
+        "missing": lacking,
+    }
+    return [
+        ClaimResult(
+            id="C6.trained.absolute",
+            title="State-norm figure on trained models: absolute values",
+            statement=STATEMENT,
+            formalisation=(
+                f"{model}: linear within a factor {LINEAR_FACTOR:g} of {PAPER_LINEAR:g}, and vla "
+                f"< {PAPER_VLA_BOUND:g}; deltanet reported beside"
+            ),
+            method=f"read {shown}",
+            verdict=absolute,
+            figures=figure_values,
+            key_figure="vla_norm" if measured else None,
+            evidence=[absolute_text, f"probes at t = {TRAINED_T}: {probes}"],
+        ),
+        ClaimResult(
+            id="C6.trained.ratio",
+            title="State-norm figure on trained models: the 109× reduction",
+            statement=STATEMENT,
+            formalisation=(
+                f"{model}: mean linear / mean vla within a factor {RATIO_FACTOR:g} of "
+                f"{PAPER_REDUCTION:g}; deltanet reported beside"
+            ),
+            method=f"read {shown}",
+            verdict=ratio_v,
+            figures=figure_values,
+            key_figure="reduction" if measured else None,
+            evidence=[ratio_text, f"probes at t = {TRAINED_T}: {probes}"],
         ),
     ]
 

@@ -26,19 +26,44 @@ Each pass comes from :func:`~vla_verify.proofs.claims.trusted_recurrence` at ``S
 (the float64 run where its own estimate vouches for it, else the escalated reference); a trial
 beyond the reference's reach is left out of the recall it would count in, and counted in the
 evidence.
+
+On trained models: ``C7.mqar.exact`` and ``C7.mqar.graceful`` read the MQAR capacity grid
+(``mqar``: T = 256, n ∈ :data:`MQAR_N`, d_h = 32) from the repository's results folder, like C10
+(or from an explicit ``path``).  ``exact``: every VLA cell with n ≤ d_h agrees with 1.000 under
+C10's rule (:func:`~vla_verify.proofs.claims.c10_recall.agrees`).  ``graceful``: at every n > d_h
+VLA's mean test accuracy exceeds linear attention's by more than ``SEPARATION`` standard errors
+of the difference (:func:`~vla_verify.proofs.verdicts.clearly_greater`); DeltaNet and softmax
+are reported beside.  Both follow :func:`~vla_verify.proofs.verdicts.cells_verdict`: a cell
+measured on at least ``MIN_SEEDS`` seeds that disagrees decides NOT_REPRODUCED, else a cell
+lacking seeds leaves NOT_MEASURED (named in the evidence), else REPRODUCED.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...experiments.results import D_HEAD, MIN_SEEDS, find_cell
 from ...spec import VLAConfig
 from ..ledger import Claim, ClaimResult, Context, Verdict
-from . import ReferenceTally, trusted_recurrence, unit
+from ..verdicts import SEPARATION, Comparison, cells_verdict, clearly_greater
+from . import ReferenceTally, c10_recall, trusted_recurrence, unit
 
-__all__ = ["CLAIM", "CRITERIA", "PAPER_READING", "VARIANTS", "recall_curves", "run"]
+__all__ = [
+    "CLAIM",
+    "CRITERIA",
+    "MQAR_MIXERS",
+    "MQAR_N",
+    "MQAR_T",
+    "PAPER_READING",
+    "VARIANTS",
+    "mqar_results",
+    "recall_curves",
+    "run",
+]
 
 VARIANTS = ("vla", "delta", "linear", "rls")
 CRITERIA = ("tolerance", "cosine", "nearest")
@@ -51,6 +76,12 @@ COSINE = 0.9
 STATE_RTOL = TOLERANCE * 1e-2
 #: The criterion the paper's words mean, per sub-claim (module docstring).
 PAPER_READING = {"exact": "tolerance", "graceful": "nearest"}
+#: The MQAR capacity grid of the trained models: its numbers of pairs, its length, its mixers.
+MQAR_N: tuple[int, ...] = (4, 8, 16, 24, 32, 48, 64)
+MQAR_T = 256
+MQAR_MIXERS: tuple[str, ...] = ("vla", "deltanet", "linear", "softmax")
+#: "Recalled exactly" on trained models: the exact-match accuracy the paper reports for VLA.
+MQAR_EXACT = 1.0
 
 
 def _keys(rng: np.random.Generator, regime: str, trials: int, n: int, dk: int) -> np.ndarray:
@@ -139,8 +170,15 @@ def recall_curves(
     return out
 
 
-def run(ctx: Context, *, subject: str = "vla", keys: str = "random") -> list[ClaimResult]:
-    """``subject`` is the variant the claim is about (``vla``; others for the meta-tests)."""
+def run(
+    ctx: Context, *, subject: str = "vla", keys: str = "random", path: Path | None = None
+) -> list[ClaimResult]:
+    """``subject`` is the variant the claim is about (``vla``; others for the meta-tests);
+    ``path`` holds the training results of ``C7.mqar.*`` (default: the repository's folder)."""
+    return [*_one_pass(ctx, subject, keys), *mqar_results(path)]
+
+
+def _one_pass(ctx: Context, subject: str, keys: str) -> list[ClaimResult]:
     p = ctx.profile
     dk = p.capacity_dk
     tally = ReferenceTally()
@@ -227,6 +265,147 @@ def run(ctx: Context, *, subject: str = "vla", keys: str = "random") -> list[Cla
             )
         )
     return exact_results + graceful_results
+
+
+def _in_standard_errors(difference: float, se: float) -> float:
+    """The difference in standard errors (±inf for a nonzero difference without spread)."""
+    if se > 0:
+        return difference / se
+    return math.copysign(math.inf, difference) if difference else 0.0
+
+
+def _beside(row: dict[str, Any], mixers: tuple[str, ...]) -> str:
+    return ", ".join(f"{m} {c10_recall.describe(row[m])}" for m in mixers)
+
+
+def mqar_results(path: Path | None = None) -> list[ClaimResult]:
+    """``C7.mqar.exact`` and ``C7.mqar.graceful`` (spec §3 C7 on the trained models of spec §3
+    C10; module docstring)."""
+    source, shown = c10_recall.results_location(path)
+    table = c10_recall.load_cells(source)
+    curve: dict[int, dict[str, dict[str, Any] | None]] = {
+        n: {m: find_cell(table, "mqar", {"n_pairs": n, "seq_len": MQAR_T}, m) for m in MQAR_MIXERS}
+        for n in MQAR_N
+    }
+    grid = (
+        f"grid mqar (T = {MQAR_T}, d_h = {D_HEAD}, n ∈ {{{', '.join(map(str, MQAR_N))}}}), test "
+        f"exact-match accuracy, mean over >= {MIN_SEEDS} seeds in the setting chosen on validation"
+    )
+    figures: dict[str, Any] = {
+        "curve": {
+            n: {
+                m: {"mean": c["mean"], "std": c["std"], "seeds": len(c["values"])} if c else None
+                for m, c in row.items()
+            }
+            for n, row in curve.items()
+        }
+    }
+
+    # exact: every VLA cell up to d_h against 1.000
+    small = [n for n in MQAR_N if n <= D_HEAD]
+    exact = [
+        c10_recall.compare_with_paper(f"n = {n} vla", curve[n]["vla"], MQAR_EXACT) for n in small
+    ]
+    exact_a = cells_verdict(exact)
+    judged_vla = [
+        float((curve[n]["vla"] or {})["mean"])
+        for n, comparison in zip(small, exact, strict=True)
+        if comparison.agrees is not None
+    ]
+    others = tuple(m for m in MQAR_MIXERS if m != "vla")
+    # The other mixers' cells do not bear on this verdict; those without their seeds are named
+    # apart, so that the evidence shows what the grid still lacks.
+    lacking_beside = [
+        text
+        for n in small
+        for m in others
+        if (text := c10_recall.lacking(f"n = {n} {m}", curve[n][m])) is not None
+    ]
+    exact_evidence = [f"rule: {exact_a.reason}"]
+    exact_evidence += [
+        f"n = {n}: vla {c10_recall.describe(curve[n]['vla'])}, paper {MQAR_EXACT:.3f} -> "
+        + {True: "agrees", False: "differs", None: "not judged"}[comparison.agrees]
+        + f"; beside: {_beside(curve[n], others)}"
+        for n, comparison in zip(small, exact, strict=True)
+    ]
+    if lacking_beside:
+        exact_evidence.append(f"reported beside, lacking seeds: {', '.join(lacking_beside)}")
+    exact_figures = {
+        **({"min_vla_accuracy_n_le_dk": min(judged_vla)} if judged_vla else {}),
+        "missing": exact_a.lacking,
+        "missing_beside": lacking_beside,
+        **figures,
+    }
+
+    # graceful: VLA above linear attention at every n beyond d_h
+    graceful, margins, graceful_evidence = [], {}, []
+    for n in (n for n in MQAR_N if n > D_HEAD):
+        vla, linear = curve[n]["vla"], curve[n]["linear"]
+        missing = tuple(
+            text
+            for text in (
+                c10_recall.lacking(f"n = {n} vla", vla),
+                c10_recall.lacking(f"n = {n} linear", linear),
+            )
+            if text is not None
+        )
+        line = f"n = {n}: vla {c10_recall.describe(vla)}, linear {c10_recall.describe(linear)}"
+        if missing or vla is None or linear is None:
+            graceful.append(Comparison(f"n = {n}", None, missing or (f"n = {n}",)))
+            line += " -> not judged"
+        else:
+            stats = [(float(c["mean"]), float(c["std"]), len(c["values"])) for c in (vla, linear)]
+            greater = clearly_greater(*stats[0], *stats[1])
+            difference = stats[0][0] - stats[1][0]
+            se = float(np.hypot(*(std / np.sqrt(k) for _, std, k in stats)))
+            margins[n] = {"difference": difference, "standard_error": se, "greater": greater}
+            graceful.append(Comparison(f"n = {n}", greater))
+            line += (
+                f": difference {difference:.3f} vs {SEPARATION:g}·se = {SEPARATION * se:.3f} -> "
+                + ("greater" if greater else "not clearly greater")
+            )
+        graceful_evidence.append(line + f"; beside: {_beside(curve[n], ('deltanet', 'softmax'))}")
+    graceful_a = cells_verdict(graceful)
+    separations = [
+        _in_standard_errors(m["difference"], m["standard_error"]) for m in margins.values()
+    ]
+    graceful_figures = {
+        **({"min_difference_in_se": min(separations)} if separations else {}),
+        "margins": margins,
+        "missing": graceful_a.lacking,
+        **figures,
+    }
+    return [
+        ClaimResult(
+            id="C7.mqar.exact",
+            title="Capacity on trained models: up to d_h recalled exactly (MQAR)",
+            statement="Per head, up to dk associations are recalled exactly.",
+            formalisation=(
+                f"{grid}: every VLA cell with n ≤ d_h = {D_HEAD} within "
+                f"{c10_recall.TOLERANCE} + 2 standard errors of {MQAR_EXACT:.3f} (C10's rule)"
+            ),
+            method=f"read {shown}",
+            verdict=exact_a.verdict,
+            figures=exact_figures,
+            key_figure="min_vla_accuracy_n_le_dk" if judged_vla else None,
+            evidence=exact_evidence,
+        ),
+        ClaimResult(
+            id="C7.mqar.graceful",
+            title="Capacity on trained models: graceful beyond d_h (MQAR)",
+            statement="Beyond dk, VLA degrades more gracefully than linear attention.",
+            formalisation=(
+                f"{grid}: at every n > d_h = {D_HEAD}, VLA's mean exceeds linear attention's by "
+                f"more than {SEPARATION:g}·sqrt(se_vla² + se_linear²), se = std/√seeds; deltanet "
+                "and softmax reported beside"
+            ),
+            method=f"read {shown}",
+            verdict=graceful_a.verdict,
+            figures=graceful_figures,
+            key_figure="min_difference_in_se" if separations else None,
+            evidence=[f"rule: {graceful_a.reason}", *graceful_evidence],
+        ),
+    ]
 
 
 CLAIM = Claim("C7", "Capacity", run)
