@@ -134,6 +134,9 @@ def test_clipping_is_per_member_and_matches_torch():
         a.grad, b.grad = flat_grad[m, :3].clone(), flat_grad[m, 3:].clone()
         torch.nn.utils.clip_grad_norm_([a, b], 1.0)
         expected.append(torch.cat([a.grad, b.grad]))
+    unclipped = flat_grad.clone()
+    torch.testing.assert_close(clip_grad_norms(unclipped, 0.0)[1], torch.tensor(50.0).double())
+    assert torch.equal(unclipped, flat_grad)  # grad_clip = 0: no clipping
     norms = clip_grad_norms(flat_grad, 1.0)
     torch.testing.assert_close(norms, torch.tensor([0.05**0.5, 50.0], dtype=torch.float64))
     for m, row in enumerate(expected):

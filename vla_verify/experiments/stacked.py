@@ -192,9 +192,11 @@ class StackedBackbone(nn.Module):
 def clip_grad_norms(flat_grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for each member: row ``m`` of ``flat_grad`` ``[M, P]``
     (all of member ``m``'s gradients) is scaled by ``min(1, max_norm / (‖g_m‖ + 1e-6))``, with
-    ``‖g_m‖`` the 2-norm of the row.  Returns the norms ``[M]``; no host sync."""
+    ``‖g_m‖`` the 2-norm of the row; ``max_norm`` ≤ 0 clips nothing.  Returns the norms
+    ``[M]`` (the divergence check reads them either way); no host sync."""
     norms = flat_grad.square().sum(1).sqrt()
-    flat_grad.mul_((max_norm / (norms + 1e-6)).clamp(max=1.0).unsqueeze(1))
+    if max_norm > 0:
+        flat_grad.mul_((max_norm / (norms + 1e-6)).clamp(max=1.0).unsqueeze(1))
     return norms
 
 
