@@ -129,22 +129,25 @@ def check_stacked(T: int = 256) -> dict:
 def stacked_step_ms(
     mixer: str, members: int, T: int = 256, steps: int = 15, precision: str = "highest"
 ) -> float:
-    """Milliseconds of one training step of a stack, per member (warm: after one short run);
-    ``precision`` is the products' (``TrainConfig.matmul_precision``)."""
+    """Milliseconds of one training step of a stack, per member, with ``precision`` the
+    products' (``TrainConfig.matmul_precision``): the difference of a run of ``steps + 5`` and
+    a run of 5 steps over ``steps`` (so the stack's set-up and the first steps' compilation and
+    uploads do not count), after a 3-step run that warms the kernels up."""
     task = MQARTask(24, T)
-    times = []
-    for run_steps in (3, steps):
+    seconds = {}
+    for run_steps in (3, 5, steps + 5):
         models = []
         for seed in range(members):
             torch.manual_seed(seed)
             models.append(Backbone(ModelConfig(mixer=mixer, short_conv=4), "cuda").cuda())
         cfg = TrainConfig(steps=run_steps, matmul_precision=precision)
+        stack = StackedBackbone(models)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_stacked(StackedBackbone(models), task, cfg, seeds=list(range(members)), device="cuda")
+        train_stacked(stack, task, cfg, seeds=list(range(members)), device="cuda")
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / run_steps)
-    return 1e3 * times[-1] / members
+        seconds[run_steps] = time.perf_counter() - t0
+    return 1e3 * (seconds[steps + 5] - seconds[5]) / steps / members
 
 
 def main() -> int:
