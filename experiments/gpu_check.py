@@ -6,9 +6,9 @@
    and every parameter's gradient.
 3. A stack of backbones (``vla_verify.experiments.stacked``) against its members run one by one:
    logits of every mixer.
-4. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256), alone
-   (the old single-model step) and per member of stacks of 3 and 6, with float32
-   and with TF32 products, and per member of a stack of 3 at T = 1024.
+4. Milliseconds per training step of each mixer at the paper's size (B = 64, T = 256): one
+   backbone through ``torch.optim.AdamW`` with a sync per step, and per member of stacks of 3
+   and 6 with float32 and with TF32 products; per member of a stack of 3 at T = 1024.
 
 Writes ``<out>/gpu_check.json``; exits 1 when a comparison exceeds its bound.  The bound is
 float32 accumulation over T = 256 steps, ``64 · u32 · T ≈ 1e-3`` relative to the largest entry
