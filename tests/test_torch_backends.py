@@ -177,7 +177,11 @@ def test_both_backends_registered_with_honest_capabilities() -> None:
         assert set(caps.dtypes) == {"float64", "float32", "bfloat16", "float16"}
     assert seq.capabilities.variants == ("vla", "rls", "delta", "linear")
     assert chk.capabilities.variants == ("vla", "delta", "linear")
-    assert chk.capabilities.options == {"chunk_size": 64, "penalty_chain": "auto"}
+    assert chk.capabilities.options == {
+        "chunk_size": 64,
+        "penalty_chain": "auto",
+        "check_finite": True,
+    }
     rows = {row.name: row for row in backends.available()}
     assert rows["torch"].available and rows["torch_chunked"].available
 
