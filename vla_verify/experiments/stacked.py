@@ -131,12 +131,16 @@ class StackedBackbone(nn.Module):
         return F.layer_norm(x, x.shape[-1:]) * weight + bias
 
     def _short_conv(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """:class:`~.model.ShortConvolution`: ``y_t = SiLU(Σ_j w_j x_{t-w+1+j})`` per channel."""
-        weight = self.param(f"{name}.conv.weight")[:, :, 0]  # [M, C, w]
-        width, T = weight.shape[-1], x.shape[2]
-        padded = F.pad(x, (0, 0, width - 1, 0))  # zeros before the start
-        y = sum(padded[:, :, j : j + T] * weight[:, None, None, :, j] for j in range(width))
-        return F.silu(y)
+        """:class:`~.model.ShortConvolution` of every member: one depthwise convolution over the
+        members' channels side by side (``[B, M·C, T]``), as each member's ``nn.Conv1d``."""
+        M, B, T, C = x.shape
+        weight = self.param(f"{name}.conv.weight")  # [M, C, 1, w]
+        width = weight.shape[-1]
+        channels = x.permute(1, 0, 3, 2).reshape(B, M * C, T)
+        y = F.conv1d(channels, weight.reshape(M * C, 1, width), padding=width - 1, groups=M * C)[
+            ..., :T
+        ]  # both ends padded by w − 1, the first T outputs kept: causal
+        return F.silu(y.reshape(B, M, C, T).permute(1, 0, 3, 2))
 
     def _attention(self, i: int, x: torch.Tensor) -> torch.Tensor:
         M, B, T, _ = x.shape
