@@ -4,7 +4,7 @@
 # LIMIT_S bounds the whole script: the grids get what the checks left (less 30 s for the report
 # and the archives) and start no stack in their last 90 s.  GRID_ARGS (below) holds the grid
 # selections, one per line (default: the c10 cells); TRAIN_ARGS more --train settings (e.g.
-# matmul_precision=high).  Results resume from the committed
+# matmul_precision=high); CHECK_ARGS gpu_check's (--no-timings).  Results resume from the committed
 # experiments/results and from what an earlier call on the same (warm) machine left in
 # /tmp/experiment_results, paused stacks included.
 set -u
@@ -22,7 +22,8 @@ mkdir -p "$RESULTS" "$LOGS"
 cp -r experiments/results/. "$RESULTS"/ 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$LOGS/machine.txt" 2>&1
 if [ -z "${SKIP_CHECK:-}" ]; then
-  timeout 150 python3 experiments/gpu_check.py "$LOGS" > "$LOGS/gpu_check.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 150 python3 experiments/gpu_check.py "$LOGS" ${CHECK_ARGS:-} > "$LOGS/gpu_check.log" 2>&1
   echo "gpu_check exit $? after $(( $(date +%s) - START )) s"
   tail -c 2500 "$LOGS/gpu_check.log"
 fi
