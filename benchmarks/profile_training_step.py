@@ -10,13 +10,15 @@ and writes to ``<out>/profile_training_step.json``:
   kernel), or the reason capture failed;
 - ``kernels``: the ten kernels with the most GPU time in 5 profiled eager steps.
 
-Usage: ``python benchmarks/profile_training_step.py OUT [T ...]``.
+Usage: ``python benchmarks/profile_training_step.py OUT [T ...]``; ``PRECISIONS`` (default
+``highest,high``) names the float32 matmul precisions to time.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -116,7 +118,7 @@ def main() -> None:
     Ts = [int(t) for t in sys.argv[2:]] or [256, 1024]
     report: dict = {"members": MEMBERS, "batch": 64, "device": torch.cuda.get_device_name()}
     for T in Ts:
-        for precision in ("highest", "high"):
+        for precision in os.environ.get("PRECISIONS", "highest,high").split(","):
             torch.set_float32_matmul_precision(precision)
             for mixer in ("softmax", "linear", "deltanet", "vla"):
                 stack, optimizer, tokens, targets = build(mixer, T)

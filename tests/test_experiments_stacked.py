@@ -255,6 +255,25 @@ def test_a_paused_stack_resumes_to_the_same_weights(tmp_path):
     assert not ckpt.exists()
 
 
+@pytest.mark.parametrize("N", [8, 6 * 2048, 64 * 1024 + 64])
+def test_the_sliced_weight_gradient_is_the_product(N):
+    """The weight gradient reduced in slices (``_weight_gradient``: 1, 4 and 32 slices here)
+    equals ``dyᵀ x`` in float64 to rounding, and the product's backward is the exact one."""
+    gen = torch.Generator().manual_seed(N)
+    dy = torch.randn(2, N, 5, dtype=torch.float64, generator=gen)
+    x = torch.randn(2, N, 3, dtype=torch.float64, generator=gen)
+    got = stacked_module._weight_gradient(dy, x)
+    want = torch.einsum("mno,mni->moi", dy, x)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * N**0.5)
+    # A slice dropped from the sum (a planted bug) is caught by the same comparison:
+    if N >= 2 * stacked_module._ROWS_PER_SLICE:
+        half = stacked_module._weight_gradient(dy[:, : N // 2], x[:, : N // 2])
+        assert not torch.allclose(half, want, rtol=1e-6)
+    w = torch.randn(2, 5, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    xs = x[:, :7].clone().requires_grad_()
+    assert torch.autograd.gradcheck(stacked_module._stacked_product, (xs, w))
+
+
 def test_a_stack_is_built_where_it_trains():
     (model,) = members(ModelConfig(**TINY, mixer="softmax"), seeds=(0,))
     stack = StackedBackbone([model])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,49 @@ from .model import PENALTY_MIXERS, AttentionLayer, Backbone, head_inputs
 __all__ = ["StackedAdamW", "StackedBackbone", "clip_grad_norms"]
 
 _SEP = "/"  # parameter names hold "." (module paths); a ParameterDict key may not
+#: Rows per slice of a weight gradient's reduction (:func:`_weight_gradient`).
+_ROWS_PER_SLICE = 2048
+
+
+def _weight_gradient(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``dyᵀ x`` per member: ``dy`` ``[M, N, out]``, ``x`` ``[M, N, in]`` -> ``[M, out, in]``.
+
+    A weight's gradient reduces over all ``N = B·T`` tokens into a small ``out × in`` matrix:
+    one batched product of ``M`` such matrices has too few output tiles to occupy a GPU while
+    each tile walks the whole of ``N`` (measured on the H200 at ``T`` = 1024: the weight
+    gradients took 40 % of a training step).  The reduction is cut into slices of about
+    :data:`_ROWS_PER_SLICE` rows, reduced as ``M·S`` products side by side, then summed."""
+    M, N, out = dy.shape
+    slices = 1
+    while slices * 2 * _ROWS_PER_SLICE <= N and N % (slices * 2) == 0:
+        slices *= 2
+    rows = N // slices
+    partial = torch.bmm(
+        dy.reshape(M * slices, rows, out).transpose(1, 2), x.reshape(M * slices, rows, -1)
+    )
+    return partial.view(M, slices, out, -1).sum(1)
+
+
+class _StackedProduct(torch.autograd.Function):
+    """``x @ weightᵀ`` per member: ``x`` ``[M, N, in]``, ``weight`` ``[M, out, in]`` ->
+    ``[M, N, out]`` (``torch.bmm``), with the weight's gradient by :func:`_weight_gradient`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.bmm(x, weight.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = torch.bmm(dy, weight) if ctx.needs_input_grad[0] else None
+        dw = _weight_gradient(dy, x.contiguous()) if ctx.needs_input_grad[1] else None
+        return dx, dw
+
+
+def _stacked_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return cast(torch.Tensor, _StackedProduct.apply(x, weight))
 
 
 class StackedBackbone(nn.Module):
@@ -117,12 +160,9 @@ class StackedBackbone(nn.Module):
     def _linear(self, x: torch.Tensor, name: str, bias: bool = False) -> torch.Tensor:
         """``x`` ``[M, B, T, in]`` through each member's ``nn.Linear`` ``name``."""
         M, B, T, _ = x.shape
-        weight = self.param(f"{name}.weight")  # [M, out, in]
-        flat = x.reshape(M, B * T, -1)
+        y = _stacked_product(x.reshape(M, B * T, -1), self.param(f"{name}.weight"))
         if bias:
-            y = torch.baddbmm(self.param(f"{name}.bias").unsqueeze(1), flat, weight.transpose(1, 2))
-        else:
-            y = torch.bmm(flat, weight.transpose(1, 2))
+            y = y + self.param(f"{name}.bias").unsqueeze(1)
         return y.view(M, B, T, -1)
 
     def _layer_norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -156,8 +196,10 @@ class StackedBackbone(nn.Module):
         if self.config.mixer == "deltanet":
             beta_logit = self._linear(x, f"{pre}.W_beta", bias=True).reshape(M * B, T, H)
         elif self.config.mixer in PENALTY_MIXERS:
-            k_members = k_raw.view(M, B, T, H, d)
-            penalty = torch.einsum("mhij,mbthj->mbthi", self.param(f"{pre}.W_u"), k_members)
+            # W_u acts per head: the (member, head) pairs as the product's batch.
+            k_heads = k_raw.view(M, B * T, H, d).transpose(1, 2).reshape(M * H, B * T, d)
+            W_u = self.param(f"{pre}.W_u").reshape(M * H, d, d)
+            penalty = _stacked_product(k_heads, W_u).view(M, H, B * T, d).transpose(1, 2)
             penalty = penalty.reshape(M * B, T, H, d)
         inputs = head_inputs(
             self.config.mixer, q_raw, k_raw, v, penalty=penalty, beta_logit=beta_logit
@@ -172,7 +214,7 @@ class StackedBackbone(nn.Module):
             raise ConfigError(
                 "tokens", f"expected [M={self.members}, B, T] token ids, got {tuple(tokens.shape)}"
             )
-        M, _, T = tokens.shape
+        M, B, T = tokens.shape
         table = self.param("embedding.weight")  # [M, V, D]
         V = table.shape[1]
         offsets = torch.arange(M, device=tokens.device).view(M, 1, 1) * V
@@ -189,7 +231,8 @@ class StackedBackbone(nn.Module):
             h = F.gelu(self._linear(h, f"blocks.{i}.ffn.0", bias=True))
             x = x + self._linear(h, f"blocks.{i}.ffn.2", bias=True)
         x = self._layer_norm(x, "ln_out")
-        return torch.matmul(x, table.transpose(1, 2).unsqueeze(1))  # the tied output projection
+        logits = _stacked_product(x.reshape(M, B * T, -1), table)  # the tied output projection
+        return logits.view(M, B, T, V)
 
 
 @torch.no_grad()
