@@ -10,6 +10,8 @@ and writes to ``<out>/profile_training_step.json``:
   kernel), or the reason capture failed;
 - ``kernels``: the ten kernels with the most GPU time in 5 profiled eager steps.
 
+Measured: ``benchmarks/results/h200/training_step.json``.
+
 Usage: ``python benchmarks/profile_training_step.py OUT [T ...]``; ``PRECISIONS`` (default
 ``highest,high``) names the float32 matmul precisions to time.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from vla_verify.experiments.model import Backbone, ModelConfig
+from vla_verify.experiments.runner import provenance
 from vla_verify.experiments.stacked import StackedAdamW, StackedBackbone, clip_grad_norms
 from vla_verify.experiments.tasks import MQARTask
 from vla_verify.experiments.train import TrainConfig, _member_losses
@@ -116,7 +119,7 @@ def kernels(fn) -> list[tuple[str, float]]:
 def main() -> None:
     out = Path(sys.argv[1])
     Ts = [int(t) for t in sys.argv[2:]] or [256, 1024]
-    report: dict = {"members": MEMBERS, "batch": 64, "device": torch.cuda.get_device_name()}
+    report: dict = {"members": MEMBERS, "batch": 64, "provenance": provenance("cuda")}
     for T in Ts:
         for precision in os.environ.get("PRECISIONS", "highest,high").split(","):
             torch.set_float32_matmul_precision(precision)

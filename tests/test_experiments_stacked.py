@@ -351,6 +351,56 @@ def test_a_plan_runs_several_selections_as_one_longest_first(tmp_path, capsys):
     assert [s[0].task for s in ordered] == ["mqar", "copy"]  # T = 16 before T = 12
 
 
+def test_plan_lines_run_in_order_and_the_longest_first_within_a_line(tmp_path, monkeypatch):
+    from vla_verify.experiments import runner
+
+    started = []
+    monkeypatch.setattr(
+        runner, "_run_stack", lambda stack, *a: started.append(stack[0]) or "paused: planted"
+    )
+    first = grid_jobs("tiny", mixers=("softmax",), lrs=(1e-2,))  # mqar T = 16, copy T = 12
+    second = grid_jobs("tiny", mixers=("vla",), lrs=(1e-2,))
+    line_of = {j.key(): 0 for j in first} | {j.key(): 1 for j in second}
+    jobs = second + first  # the listing's order is not the priority
+    started.clear()
+    run_grid(jobs, tmp_path, stack=3, show_progress=False, priority=lambda j: line_of[j.key()])
+    # The worker stops at the first paused stack; run again with each stack left alone:
+    monkeypatch.setattr(runner, "_run_stack", lambda stack, *a: started.append(stack[0]))
+    started.clear()
+    run_grid(jobs, tmp_path, stack=3, show_progress=False, priority=lambda j: line_of[j.key()])
+    assert [(j.mixer, j.task) for j in started] == [
+        ("softmax", "mqar"), ("softmax", "copy"), ("vla", "mqar"), ("vla", "copy"),
+    ]  # fmt: skip
+    started.clear()
+    run_grid(jobs, tmp_path, stack=3, show_progress=False)  # no priority: the longest first
+    assert [j.task for j in started] == ["mqar", "mqar", "copy", "copy"]
+
+
+def test_a_job_takes_the_result_of_the_same_experiment_in_another_grid(tmp_path, monkeypatch):
+    from vla_verify.experiments import runner
+    from vla_verify.experiments.runner import adopt_equivalents, result_path
+
+    length = grid_jobs("mqar_length", sizes=(256,), mixers=("vla",), lrs=(1e-3,), seeds=(0, 1))
+    capacity = grid_jobs("mqar", sizes=(8,), mixers=("vla",), lrs=(1e-3,), seeds=(0, 1, 2))
+    other_n = grid_jobs("mqar", sizes=(16,), mixers=("vla",), lrs=(1e-3,), seeds=(0,))
+    longer = grid_jobs("mqar", sizes=(8,), mixers=("vla",), lrs=(1e-3,), train={"steps": 9})
+    measured = length[0]
+    path = result_path(tmp_path, measured)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"job": measured.to_dict(), "key": measured.key(), "acc": 0.5}))
+    adopted = adopt_equivalents(capacity + other_n + longer, tmp_path)
+    assert adopted == [capacity[0]]  # seed 0 only: seeds 1, 2, n = 16, 9 steps differ
+    copy = json.loads(result_path(tmp_path, capacity[0]).read_text())
+    assert copy["job"] == capacity[0].to_dict() and copy["key"] == capacity[0].key()
+    assert copy["same_as"] == f"mqar_length/{path.name}" and copy["acc"] == 0.5
+    assert adopt_equivalents(capacity, tmp_path) == []  # done: nothing more to take
+    # A run takes such results before it trains anything, and counts them:
+    result_path(tmp_path, capacity[0]).unlink()
+    monkeypatch.setattr(runner, "_run_stack", lambda *a: pytest.fail("nothing to train"))
+    out = run_grid(capacity[:1], tmp_path, show_progress=False)
+    assert (out["adopted"], out["done_before"], out["pending"], out["stacks"]) == (1, 0, 0, 0)
+
+
 def test_matmul_precision_is_checked_and_named_in_the_report():
     from vla_verify.experiments.report import _fmt
 

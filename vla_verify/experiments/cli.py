@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="several grid selections run as one: a file ('-': standard input) with one "
             "line of --grid G [--sizes …] [--mixers …] [--lrs …] [--seeds …] [--model …] "
             "[--train …] per selection; the options of the command line are every line's "
-            "defaults (--model and --train merged key by key)",
+            "defaults (--model and --train merged key by key); the lines' stacks start in "
+            "the lines' order, within a line the longest first",
         )
         if name == "run":
             p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -107,16 +108,18 @@ def _plan_lines(plan: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _jobs(args: argparse.Namespace) -> list[Any]:
-    """The jobs the command line selects: one grid's, or every line's of ``--plan``."""
+def _jobs(args: argparse.Namespace) -> list[list[Any]]:
+    """The jobs the command line selects, by priority: one grid's as one list, or the jobs of
+    each line of ``--plan`` (a job of several lines at its first)."""
     if args.plan is None:
         if args.grid is None:
             raise VLAInputError("--grid", "expected a grid (or --plan FILE)")
-        return _selection(args, args.grid)
+        return [_selection(args, args.grid)]
     line_parser = argparse.ArgumentParser(prog="--plan line", add_help=False)
     line_parser.add_argument("--grid", choices=GRIDS, required=True)
     _add_selection(line_parser)
-    jobs: list[Any] = []
+    lines: list[list[Any]] = []
+    seen: set[str] = set()
     for line in _plan_lines(args.plan):
         try:
             own = line_parser.parse_args(shlex.split(line))
@@ -127,10 +130,11 @@ def _jobs(args: argparse.Namespace) -> list[Any]:
                 setattr(own, name, getattr(args, name))
         own.model = [*args.model, *own.model]  # the line's own keys come last and win
         own.train = [*args.train, *own.train]
-        jobs += [job for job in _selection(own, own.grid) if job not in jobs]
-    if not jobs:
+        lines.append([job for job in _selection(own, own.grid) if job.key() not in seen])
+        seen.update(job.key() for job in lines[-1])
+    if not seen:
         raise VLAInputError("--plan", "expected at least one line of grid options")
-    return jobs
+    return lines
 
 
 def _record_manifest(results: Path, grid: str, jobs: Sequence[Any]) -> None:
@@ -165,7 +169,8 @@ def _main(args: argparse.Namespace) -> int:
         for grid, c in out["summary"]["completion"].items():
             print(f"{grid}: {c['done']}/{c['total']} jobs done")
         return 0
-    jobs = _jobs(args)
+    lines = _jobs(args)
+    jobs = [job for line in lines for job in line]
     results = Path(args.results)
     if args.command == "list":
         for job in jobs:
@@ -175,6 +180,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from .runner import run_grid
 
+    line_of = {job.key(): i for i, line in enumerate(lines) for job in line}
     for grid in sorted({j.grid for j in jobs}):  # a c10 or plan's jobs span grids
         _record_manifest(results, grid, [j for j in jobs if j.grid == grid])
     outcome = run_grid(
@@ -185,10 +191,12 @@ def _main(args: argparse.Namespace) -> int:
         stack=args.stack or (6 if args.device == "cuda" else 1),
         time_budget_s=args.time_budget,
         show_progress=not args.quiet,
+        priority=lambda job: line_of.get(job.key(), 0),
     )
     done = outcome["total"] - outcome["pending"]
     print(
         f"{args.grid or 'plan'}: ran {outcome['ran']}, failed {outcome['failed']}, "
+        f"taken from another grid {outcome['adopted']}, "
         f"paused {outcome.get('paused', 0)} (resumed by the next run), "
         f"{done}/{outcome['total']} done"
     )

@@ -54,11 +54,14 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "## Completion",
         "",
-        "| grid | done | total |",
-        "|---|---|---|",
+        "Done: the jobs with a result; of which, in the last column, the results of the same "
+        "experiment (task, model, training, seed, learning rate) run for another grid.",
+        "",
+        "| grid | done | total | same experiment in another grid |",
+        "|---|---|---|---|",
     ]
     for grid, c in data["completion"].items():
-        lines.append(f"| {grid} | {c['done']} | {c['total']} |")
+        lines.append(f"| {grid} | {c['done']} | {c['total']} | {c.get('same_as', 0)} |")
     lines += [
         "",
         "## The paper's recall figures (spec §3 C10)",

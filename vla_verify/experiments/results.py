@@ -204,18 +204,24 @@ def c6_figures(results: Iterable[dict[str, Any]], t: int = 1000) -> dict[str, An
 
 
 def completion(results_dir: Path) -> dict[str, dict[str, int]]:
-    """Per grid, ``{"done", "total"}`` against the job list of its ``manifest.json`` (written
-    by the runner), or the results present when a grid has no manifest."""
+    """Per grid, ``{"done", "total", "same_as"}`` against the job list of its
+    ``manifest.json`` (written by the runner), or the results present when a grid has no
+    manifest; ``same_as`` counts the results done taken from another grid's run of the same
+    experiment (:func:`.runner.adopt_equivalents`)."""
     out: dict[str, dict[str, int]] = {}
     root = Path(results_dir)
     for grid_dir in sorted(p for p in root.glob("*") if p.is_dir()):
         present = {p.stem for p in grid_dir.glob("*.json")} - {"manifest", "summary"}
         manifest = grid_dir / "manifest.json"
         if manifest.is_file():
-            keys = json.loads(manifest.read_text())["keys"]
-            out[grid_dir.name] = {"done": len(present & set(keys)), "total": len(keys)}
+            present &= set(json.loads(manifest.read_text())["keys"])
+            total = len(json.loads(manifest.read_text())["keys"])
         else:
-            out[grid_dir.name] = {"done": len(present), "total": len(present)}
+            total = len(present)
+        same_as = sum(
+            "same_as" in json.loads((grid_dir / f"{key}.json").read_text()) for key in present
+        )
+        out[grid_dir.name] = {"done": len(present), "total": total, "same_as": same_as}
     return out
 
 

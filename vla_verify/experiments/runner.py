@@ -38,6 +38,7 @@ __all__ = [
     "COMMIT_ENV",
     "PAUSED",
     "RESULTS_DIR",
+    "adopt_equivalents",
     "checkpoint_path",
     "execute_job",
     "execute_jobs",
@@ -89,6 +90,46 @@ def stacks(jobs: Sequence[Job], size: int) -> list[list[Job]]:
 def pending(jobs: Sequence[Job], results_dir: Path) -> list[Job]:
     """The jobs whose result file does not exist yet."""
     return [job for job in jobs if not result_path(results_dir, job).is_file()]
+
+
+def _experiment(job: dict[str, Any]) -> str:
+    """What a job trains and measures: everything but the grid that lists it."""
+    return json.dumps({k: v for k, v in job.items() if k != "grid"}, sort_keys=True)
+
+
+def adopt_equivalents(jobs: Sequence[Job], results_dir: Path) -> list[Job]:
+    """Give each pending job of ``jobs`` the result of the same experiment run for another grid.
+
+    Grids overlap: MQAR with ``n`` = 8 at ``T`` = 256 is a point of the capacity grid
+    (``mqar``) and of the length grid (``mqar_length``), the same task, model, training,
+    seed and learning rate; only the grid's name (and so the result file's key) differs.
+    Such a job's file is written as a copy of the other's, with the job rewritten and
+    ``"same_as"`` naming the file measured.  Returns the jobs so given a result."""
+    results_dir = Path(results_dir)
+    waiting = {_experiment(job.to_dict()): job for job in pending(jobs, results_dir)}
+    adopted: list[Job] = []
+    if not waiting:
+        return adopted
+    for path in sorted(results_dir.glob("*/*.json")):
+        if path.name == "manifest.json" or not path.name.startswith(
+            tuple({job.task for job in waiting.values()})
+        ):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            experiment = _experiment(data["job"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a result file
+        job = waiting.pop(experiment, None)
+        if job is None:
+            continue
+        copy = {**data, "job": job.to_dict(), "key": job.key()}
+        copy["same_as"] = data.get("same_as", f"{path.parent.name}/{path.name}")
+        _write_json(result_path(results_dir, job), copy)
+        adopted.append(job)
+        if not waiting:
+            break
+    return adopted
 
 
 def _commit() -> str | None:
@@ -301,22 +342,29 @@ def run_grid(
     stack: int = 1,
     time_budget_s: float | None = None,
     show_progress: bool = True,
+    priority: Callable[[Job], int] | None = None,
 ) -> dict[str, Any]:
-    """Run every pending job of ``jobs``; return ``{"total", "done_before", "ran", "failed",
-    "paused", "pending", "errors", "stacks"}`` (counts of jobs).  Jobs train in stacks of at
-    most ``stack`` (:func:`stacks`, :mod:`.stacked`), the costliest first
-    (:func:`stack_cost`).  A stack still training when ``time_budget_s`` ends pauses to
+    """Run every pending job of ``jobs``; return ``{"total", "done_before", "adopted", "ran",
+    "failed", "paused", "pending", "errors", "stacks"}`` (counts of jobs).  A job whose
+    experiment another grid has already run takes that result (:func:`adopt_equivalents`).
+    Jobs train in stacks of at most ``stack`` (:func:`stacks`, :mod:`.stacked`), in order of
+    ``priority(job)`` (lowest first; e.g. the line of a plan), within a priority the costliest
+    first (:func:`stack_cost`).  A stack still training when ``time_budget_s`` ends pauses to
     :func:`checkpoint_path` and resumes there in a later run (formed again from the same
     pending jobs).  ``device`` ``"cpu"`` with one worker runs in
     this process; otherwise ``workers_per_device`` processes per visible GPU (or on the CPU)."""
     results_dir = Path(results_dir)
+    done_before = len(jobs) - len(pending(jobs, results_dir))
+    adopted = adopt_equivalents(jobs, results_dir)
     todo = pending(jobs, results_dir)
-    # The longest stacks first: the workers then finish together instead of the last one
-    # starting a long stack as the others fall idle.
-    work = sorted(stacks(todo, stack), key=stack_cost, reverse=True)
+    rank = priority or (lambda job: 0)
+    # Within a priority the longest stacks first: the workers then finish together instead of
+    # the last one starting a long stack as the others fall idle.
+    work = sorted(stacks(todo, stack), key=lambda s: (rank(s[0]), -stack_cost(s)))
     summary: dict[str, Any] = {
         "total": len(jobs),
-        "done_before": len(jobs) - len(todo),
+        "done_before": done_before,
+        "adopted": len(adopted),
         "stacks": len(work),
     }
     deadline = time.time() + (time_budget_s if time_budget_s else float("inf"))
