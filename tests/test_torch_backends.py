@@ -475,15 +475,50 @@ def _grad_inputs(
 )
 def test_gradcheck(name: str, options: dict, variant: str, config: VLAConfig) -> None:
     """float64 ``gradcheck`` through q, k, v, u and the initial state (S, A, z), with a loss on
-    the final state too; T = 20 spans two chunks of 16."""
+    the final state too; T = 20 spans two chunks of 16.  One head: the heads are independent
+    and the forward's head layout is validated elsewhere, while every input is a column of
+    the Jacobian checked (:func:`test_gradcheck_rejects_a_planted_gradient` shows the check
+    failing on a gradient off by 0.1 %)."""
     b = backends.get(name, variant=variant, **options)
-    xs, state = _grad_inputs()
+    xs, state = _grad_inputs(H=1)
 
     def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         o, (S, A, z) = b(*args[:4], config=config, initial_state=tuple(args[4:]))
         return o, S, A, z
 
     assert torch.autograd.gradcheck(fn, (*xs, *state), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+class _GradientScaledBy(torch.autograd.Function):
+    """The identity whose backward scales the gradient (a planted wrong gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad * ctx.factor, None
+
+
+def test_gradcheck_rejects_a_planted_gradient() -> None:
+    """The check of :func:`test_gradcheck`, on ``torch_chunked`` with the gradient of ``u``
+    off by 0.1 %: rejected; on the true gradient it passes (``chk-vla`` there)."""
+    b = backends.get("torch_chunked", variant="vla", chunk_size=16)
+    xs, state = _grad_inputs(H=1)
+    at = 3  # u
+
+    def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = tuple(
+            _GradientScaledBy.apply(x, 1.001) if i == at else x for i, x in enumerate(args)
+        )
+        o, (S, A, z) = b(*args[:4], config=EXACT, initial_state=tuple(args[4:]))
+        return o, S, A, z
+
+    assert not torch.autograd.gradcheck(
+        fn, (*xs, *state), eps=1e-6, atol=1e-5, rtol=1e-4, raise_exception=False
+    )
 
 
 def test_gradcheck_chunked_prefix_path(monkeypatch: pytest.MonkeyPatch) -> None:
