@@ -214,8 +214,9 @@ def completion(results_dir: Path) -> dict[str, dict[str, int]]:
         present = {p.stem for p in grid_dir.glob("*.json")} - {"manifest", "summary"}
         manifest = grid_dir / "manifest.json"
         if manifest.is_file():
-            present &= set(json.loads(manifest.read_text())["keys"])
-            total = len(json.loads(manifest.read_text())["keys"])
+            keys = json.loads(manifest.read_text())["keys"]
+            present &= set(keys)
+            total = len(keys)
         else:
             total = len(present)
         same_as = sum(

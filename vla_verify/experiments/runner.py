@@ -110,10 +110,10 @@ def adopt_equivalents(jobs: Sequence[Job], results_dir: Path) -> list[Job]:
     adopted: list[Job] = []
     if not waiting:
         return adopted
+    tasks = tuple({job.task for job in waiting.values()})
     for path in sorted(results_dir.glob("*/*.json")):
-        if path.name == "manifest.json" or not path.name.startswith(
-            tuple({job.task for job in waiting.values()})
-        ):
+        # A result file's name starts with its task: other tasks' files are not read.
+        if path.name == "manifest.json" or not path.name.startswith(tasks):
             continue
         try:
             data = json.loads(path.read_text())

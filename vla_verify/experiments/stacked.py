@@ -45,7 +45,8 @@ def _weight_gradient(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     A weight's gradient reduces over all ``N = B·T`` tokens into a small ``out × in`` matrix:
     one batched product of ``M`` such matrices has too few output tiles to occupy a GPU while
     each tile walks the whole of ``N`` (measured on the H200 at ``T`` = 1024: the weight
-    gradients took 40 % of a training step).  The reduction is cut into slices of about
+    gradients took over a third of a training step; ``benchmarks/results/h200/
+    training_step.json``).  The reduction is cut into slices of about
     :data:`_ROWS_PER_SLICE` rows, reduced as ``M·S`` products side by side, then summed."""
     M, N, out = dy.shape
     slices = 1
