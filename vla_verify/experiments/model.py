@@ -13,8 +13,8 @@ LayerNorm'd and projected by ``W_o``.  :meth:`AttentionLayer.from_weights` loads
 
 Mixers (:data:`MIXERS`):
 
-- ``vla`` — spec §2.3 through a registered differentiable backend (``torch`` on the CPU, where
-  ``torch_chunked`` refuses the paper preset's nudge period of 20; ``triton_fused`` on CUDA);
+- ``vla`` — spec §2.3 through a registered differentiable backend (``torch``, the sequential
+  recurrence, on the CPU; ``triton_fused`` on CUDA);
 - ``linear`` — spec §2.4 linear attention through ``torch_chunked``;
 - ``delta`` — spec §2.4 ``delta`` (β = 1, φ features, the z read-out) through ``torch_chunked``;
 - ``deltanet`` — DeltaNet: ``q``, ``k`` L2-normalised projections (no φ),
