@@ -50,8 +50,23 @@ timeout 20 python3 -m vla_verify.experiments report --results "$RESULTS" --no-pl
 # the still-warm machine finds them all in $RESULTS.
 tar -czf "$OUT/logs.tar.gz" -C /tmp/experiment_logs .
 tar -czf "$OUT/results.tar.gz" -C "$RESULTS" --exclude=checkpoints .
-(cd "$RESULTS" && find . -path '*/checkpoints/*.pt' | tar -cf - -T -) \
-  | split -b 15M -d -a 2 - /tmp/checkpoints.tar.part-
+# The checkpoints that fit, whole, the furthest trained first (a stack cut off at a part's end
+# would come back unreadable).
+(cd "$RESULTS" && python3 - <<'PY' | tar -cf - -T -) | split -b 15M -d -a 2 - /tmp/checkpoints.tar.part-
+import pathlib, torch
+files = []
+for path in pathlib.Path(".").glob("*/checkpoints/*.pt"):
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        files.append((saved["step"] / max(1, saved["steps"]), path))
+    except Exception:  # unreadable: not worth returning
+        pass
+room = 45 * 2**20 - 64 * 2**10  # three parts, less the tar headers
+for _, path in sorted(files, key=lambda f: -f[0]):
+    if path.stat().st_size <= room:
+        room -= path.stat().st_size
+        print(path)
+PY
 mv /tmp/checkpoints.tar.part-0[0-2] "$OUT"/ 2>/dev/null
 echo "checkpoint parts not returned: $(ls /tmp/checkpoints.tar.part-* 2>/dev/null | wc -l)"
 rm -f /tmp/checkpoints.tar.part-*
