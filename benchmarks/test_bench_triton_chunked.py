@@ -3,8 +3,8 @@
 As ``test_bench_triton.py``: ``triton.testing.do_bench`` (warm-up, CUDA-event timings, median)
 inside pytest-benchmark's ``pedantic`` call, the device median reported through a custom
 timer, so ``--benchmark-compare-fail=median:10%`` gates on GPU time.  B = 1, H = 16, bf16,
-paper preset, forward (the backward recomputes through PyTorch and is not a kernel to gate
-yet).  Skipped without a CUDA GPU.
+paper preset, forward (the backward is the recurrent kernel's adjoint, gated by
+``test_bench_triton.py``).  Skipped without a CUDA GPU.
 
     pytest benchmarks/test_bench_triton_chunked.py --benchmark-autosave
     pytest benchmarks/test_bench_triton_chunked.py --benchmark-compare \\

@@ -115,9 +115,9 @@ def test_planted_bug_is_rejected(bug: str) -> None:
 
 
 def test_gradients_match_torch_chunked_in_float64() -> None:
-    """The backward recomputes through torch_chunked (module docstring, "Gradients"): the
-    float32 gradients are within the spec §4 budget of torch_chunked's float64 ones (the
-    baseline: torch_chunked's own float32 gradients)."""
+    """The backward (the recurrent kernels' adjoint, module docstring "Gradients"): the float32
+    gradients are within the spec §4 budget of torch_chunked's float64 ones (the baseline:
+    torch_chunked's own float32 gradients)."""
     inputs, initial = _inputs(20, 4, 3, seed=3, state=True)
     from vla_verify.backends.torch_chunked import chunked
 
@@ -146,6 +146,82 @@ def test_gradients_match_torch_chunked_in_float64() -> None:
     for g, r, b in zip(got, ref, base, strict=True):
         budget = 2.0 * np.max(np.abs(b - r)) + 2 * (4 + 16 + 2) * u32 * np.max(np.abs(r))
         assert np.max(np.abs(g - r)) <= budget
+
+
+def _gradients_outside_budget(inputs, initial, cotangents, start: int) -> list[str]:
+    """Names of triton_chunked's float32 gradients of ``Σ ⟨cotangent, output⟩`` over
+    ``o, S, A, z`` (in the inputs and the initial state) outside the spec §4 budget against
+    torch_chunked's float64 ones; paper preset, ``C = 16``, the floor's terms ``dk + C``."""
+    from vla_verify.backends.torch_chunked import chunked
+
+    def grads(fn, dtype):
+        xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (*inputs, *initial)]
+        o, state = fn(
+            *xs[:4], config=PAPER, initial_state=tuple(xs[4:]), chunk_size=16, start=start
+        )
+        outs = (o, *state)
+        sum(
+            (y.double() * torch.tensor(c)).sum() for y, c in zip(outs, cotangents, strict=True)
+        ).backward()
+        return [x.grad.double().numpy() for x in xs]
+
+    def torch_fn(*a, **kw):
+        return chunked(*a, penalty_chain="woodbury", **kw)
+
+    ref, base = grads(torch_fn, torch.float64), grads(torch_fn, torch.float32)
+    got = grads(tc.chunked_vla, torch.float32)
+    u32 = float(np.finfo(np.float32).eps) / 2
+    terms = inputs[0].shape[-1] + 16
+    bad = []
+    for name, g, r, b in zip(("q", "k", "v", "u", "S", "A", "z"), got, ref, base, strict=True):
+        budget = 2.0 * np.max(np.abs(b - r)) + 2 * (terms + 2) * u32 * np.max(np.abs(r))
+        if np.max(np.abs(g - r)) > budget:
+            bad.append(f"{name} ({np.max(np.abs(g - r)) / budget:.2f}x)")
+    return bad
+
+
+def _state_gradient_case():
+    """T = 22 over two chunks of 16, one head; ``start = 13``, so the paper preset's nudge
+    (every 20 steps) fires after step 6 of the call, inside the first chunk; ``dk = dv``, so
+    that a transposed ``S`` or ``dS`` still has the right shape; non-symmetric cotangents on
+    ``S`` and ``A``."""
+    inputs, initial = _inputs(22, 4, 4, H=1, seed=11, state=True)
+    rng = np.random.default_rng(12)
+    shapes = (inputs[2].shape, *(x.shape for x in initial))
+    return inputs, initial, [rng.standard_normal(s) for s in shapes], 13
+
+
+def test_gradients_with_initial_and_final_state() -> None:
+    """Gradients in the initial ``(S, A, z)`` under cotangents on the final state, against
+    torch_chunked in float64 (the recurrent adjoint takes the state in the spec §1 layouts, as
+    the chunked forward returns it)."""
+    assert _gradients_outside_budget(*_state_gradient_case()) == []
+
+
+@pytest.mark.parametrize("bug", ["transposed_dS", "transposed_dA", "transposed_S0", "scaled_dq"])
+def test_wrong_gradient_is_rejected(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above fails a backward that transposes the final ``S``'s or ``A``'s cotangent
+    or the initial ``S``, or scales ``dq`` by 1.001 (so it can fail)."""
+    tf = tc.fused
+    forward, backward = tf._forward, tf._backward
+
+    def planted_forward(q, k, v, u, state0, *args):
+        if bug == "transposed_S0":
+            state0 = (state0[0].mT.contiguous(), *state0[1:])
+        return forward(q, k, v, u, state0, *args)
+
+    def planted_backward(q, k, v, u, ck, do, final, run):
+        dS, dA, dz = final
+        if bug == "transposed_dS":
+            dS = dS.mT.contiguous()
+        if bug == "transposed_dA":
+            dA = dA.mT.contiguous()
+        dq, *rest = backward(q, k, v, u, ck, do, (dS, dA, dz), run)
+        return (1.001 * dq if bug == "scaled_dq" else dq, *rest)
+
+    monkeypatch.setattr(tf, "_forward", planted_forward)
+    monkeypatch.setattr(tf, "_backward", planted_backward)
+    assert _gradients_outside_budget(*_state_gradient_case()) != []
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,8 @@ RUN: dict[str, Any] = {
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
     "long_variant_blocks": (None, 1024, 2048, 4096),
-    # The chunked backward recomputes through torch_chunked (autograd keeps its intermediates).
+    # The longest forward + backward of the chunked kernel timed (its backward reruns the
+    # recurrent kernel's forward and adjoint).
     "fwdbwd_chunked_max_T": 16384,
     "overhead_T": 1024,
 }
@@ -192,7 +193,7 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
                 res[f"penalty_{pd}_{regime}"] = {"error": repr(exc)}
             _log("penalty", pd, regime, res[f"penalty_{pd}_{regime}"])
 
-    # Gradients (the backward recomputes through torch_chunked) against torch_chunked float64.
+    # Gradients (the recurrent kernel's adjoint) against torch_chunked float64.
     try:
         B, T, H, dk = RUN["grad_shape"]
         x = _inputs(B, T, H, dk, torch.float32, RUN["device"], seed=1)

@@ -23,10 +23,18 @@ re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, w
 measured outside the spec §4 budget on strong penalties (``docs/design/triton_chunked.md``);
 float32 stays available for layer-like penalties.  The state comes back in float32.
 
-Gradients.  The backward is not a Triton kernel yet: :class:`ChunkedVLAFunction` recomputes the
-forward through :func:`vla_verify.backends.torch_chunked.chunked` (the same spec §5 forms in
-differentiable PyTorch) and differentiates that.  It is correct and memory-hungry (autograd
-keeps the chunked intermediates), not fast.
+Gradients.  The backward is the adjoint of the recurrence (spec §2.3) by the recurrent kernels
+of :mod:`.triton_fused`: :class:`ChunkedVLAFunction` reruns that backend's forward from the saved
+inputs and initial state, storing its ``(S, A, z)`` checkpoints, and runs its backward on the
+incoming cotangents.  There is no chunked Triton adjoint yet, and the recurrent one is about 8×
+faster than recomputing the forward through :func:`vla_verify.backends.torch_chunked.chunked`
+and differentiating it with autograd (94.5 against 768 ms for forward + backward on the H200 at
+T = 16384, D = 64; ``docs/design/triton_chunked.md``, "Measured times").  The recurrent
+backend takes every input this forward takes (float32, bfloat16, float16; dk, dv ≤ 128; every
+configuration and ``start``; any initial state, in the same spec §1 layouts), so every call has
+this backward.  The gradients are those of spec §2.3 along the recurrent trajectory, which is
+the chunked one up to rounding; the chunked forward's own options (``chunk_size``, the penalty
+chain's chunk, blocks and dtype, ``input_precision``) do not change them.
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ import triton
 from ..errors import DTypeError, NonFiniteResultError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_chunked_kernels as kernels
+from . import triton_fused as fused
 from .registry import Capabilities
 from .triton_common import TritonKernelBackend, built_for_interpreter
 from .triton_common import availability_reason as _availability_reason
+from .triton_fused_kernels import Bug, Downdate
 
 __all__ = [
     "CHUNK_SIZES",
@@ -399,9 +409,53 @@ def _tl_dtype(dtype: torch.dtype) -> Any:
     }[dtype]
 
 
+# Tokens between the checkpoints of the backward's recurrent rerun: fused_recurrent_vla's
+# default (memory ⌈T/64⌉ states per head; the in-chunk reversal's rounding grows with it).
+_CHECKPOINT_EVERY = 64
+
+
+def _recurrent_adjoint(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    u: torch.Tensor,
+    initial: tuple[torch.Tensor, ...],
+    config: VLAConfig,
+    start: int,
+    cotangents: tuple[torch.Tensor | None, ...],
+) -> tuple[torch.Tensor | None, ...]:
+    """``dq, dk, dv, du, dS_0, dA_0, dz_0`` by the recurrent kernels' adjoint (module
+    docstring, "Gradients"): their forward from ``initial`` (``()``: the spec §2.3 defaults;
+    then the state's gradients are ``None``) storing checkpoints, then their backward.  Both
+    backends hold the state in the spec §1 layouts, so the cotangents and gradients pass
+    through untransposed; ``None`` cotangents are zeros."""
+    B, T, H, dk = q.shape
+    run = fused._Run(
+        config=config,
+        plan=fused.plan_for(B, H, T, dk, v.shape[-1], q.dtype, q.device, True),
+        checkpoint_every=_CHECKPOINT_EVERY,
+        downdate=Downdate.FMA,  # fused_recurrent_vla's default
+        start=start,
+        bug=Bug.NONE,
+    )
+    q, k, v, u = (x.contiguous() for x in (q, k, v, u))
+    state0 = tuple(x.contiguous() for x in initial) if initial else None
+    o, final, ck = fused._forward(q, k, v, u, state0, run, True)  # type: ignore[arg-type]
+    assert ck is not None
+    do, dS, dA, dz = (
+        torch.zeros_like(y) if g is None else g.to(y.dtype).contiguous()
+        for g, y in zip(cotangents, (o, *final), strict=True)
+    )
+    dq, dk_, dv_, du, *d0 = fused._backward(q, k, v, u, ck, do, (dS, dA, dz), run)  # type: ignore[arg-type]
+    if not initial:
+        return dq, dk_, dv_, du, None, None, None
+    # The state's gradients come in float32, the initial state in the inputs' dtype.
+    return dq, dk_, dv_, du, *(g.to(x.dtype) for g, x in zip(d0, initial, strict=True))
+
+
 class ChunkedVLAFunction(torch.autograd.Function):
-    """The Triton forward; the backward recomputes through
-    :func:`vla_verify.backends.torch_chunked.chunked` (module docstring, "Gradients")."""
+    """The Triton forward; the backward is the recurrent kernels' adjoint of spec §2.3
+    (module docstring, "Gradients")."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -423,31 +477,12 @@ class ChunkedVLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, do: Any, dS: Any, dA: Any, dz: Any) -> Any:  # type: ignore[override]
-        from .torch_chunked import chunked
-
-        saved = ctx.saved_tensors
-        opts = ctx.options
-        with torch.enable_grad():
-            xs = [x.detach().requires_grad_(True) for x in saved]
-            initial = tuple(xs[4:]) if len(xs) > 4 else None
-            o, (S, A, z) = chunked(
-                *xs[:4],
-                config=opts["config"],
-                initial_state=initial,
-                chunk_size=opts["C"],
-                penalty_chain="woodbury",
-                start=opts["start"],
-            )
-            outs, grads = [], []
-            for y, g in ((o, do), (S, dS), (A, dA), (z, dz)):
-                if g is not None:
-                    outs.append(y)
-                    grads.append(g.to(y.dtype))
-            got = torch.autograd.grad(outs, xs, grads, allow_unused=True)
-        got = [None if g is None else g.to(x.dtype) for g, x in zip(got, saved, strict=True)]
-        if len(got) == 4:
-            got += [None, None, None]
-        return (None, *got)
+        q, k, v, u, *initial = ctx.saved_tensors
+        grads = _recurrent_adjoint(
+            q, k, v, u, tuple(initial), ctx.options["config"], ctx.options["start"],
+            (do, dS, dA, dz),
+        )  # fmt: skip
+        return (None, *grads)
 
 
 def chunked_vla(
