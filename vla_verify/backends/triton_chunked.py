@@ -73,6 +73,9 @@ __all__ = [
 ]
 
 _NAME = "triton_chunked"
+#: Experiment (this branch only): the state chain as a sequential S recurrence and a parallel
+#: read-out (two launches) when true; the single-loop kernel when false.
+SPLIT_STATE_CHAIN = [True]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
@@ -388,11 +391,35 @@ def _forward(
     # needs more shared memory than the H200's 227 KiB (OutOfResources, an H200 run of
     # benchmarks/gpu/chunk_h200.py --compile-check): one stage there.
     stages = 1 if BK > 64 else 3  # 3: Triton's default
-    kernels.state_chain_kernel[(BH, BV // bvb)](
-        q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
+    if not SPLIT_STATE_CHAIN[0]:
+        kernels.state_chain_kernel[(BH, BV // bvb)](
+            q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
+            DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
+            NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
+            num_stages=stages,
+        )  # fmt: skip
+        A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
+        return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
+    # The state chain in two launches: the sequential S recurrence (two products a chunk),
+    # then every chunk's read-out at once.
+    NCk = math.ceil(T / C)
+    S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
+    E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    kernels.state_starts_kernel[(BH, BV // bvb)](
+        gates, Kt, Vt, S0, S_chunks, E_buf, S_out, T, dk, dv,
+        BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    k_chunks = torch.zeros(BH, NCk * C, BK, dtype=f32, device=dev)
+    k_chunks[:, :T, :dk] = k.permute(0, 2, 1, 3).reshape(BH, T, dk)
+    sums = k_chunks.view(BH, NCk, C, BK).sum(2)
+    z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
+    z_pad[:, :dk] = z0
+    z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
+    z_out.copy_(z_pad[:, :dk] + sums.sum(1)[:, :dk])
+    kernels.state_output_kernel[(NCk, BH, BV // bvb)](
+        q, k, gates, E_buf, S_chunks, z_chunks, o, params, T, H, H * dk, dk, H * dv, dv,
         DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
-        num_stages=stages,
     )  # fmt: skip
     A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))

@@ -322,3 +322,122 @@ def state_chain_kernel(
     )
     if pv == 0:
         tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)
+
+
+@triton.jit
+def state_starts_kernel(
+    gate_ptr,  # [BH, TP, BK] float32
+    kt_ptr,  # [BH, TP, BK] float32
+    vt_ptr,  # [BH, TP, BV] float32
+    s0_ptr,  # [BH, DV, DK] float32
+    s_chunks_ptr,  # [BH, NC, BV, BK] float32 out: S at each chunk's start
+    e_ptr,  # [BH, TP, BV] float32 out: E_c = Ṽ_c − K̃_c S_cᵀ
+    s_out_ptr,  # [BH, DV, DK] float32 out
+    T,
+    DK,
+    DV,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BVB: tl.constexpr,
+    C: tl.constexpr,
+    TP,
+    PREC: tl.constexpr,
+):
+    """The sequential half of the state chain: per chunk only ``E_c`` and ``S_{c+1} = S_c +
+    E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`."""
+    bh = tl.program_id(0)
+    pv = tl.program_id(1)
+    ot = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = pv * BVB + tl.arange(0, BVB)
+    kmask = ok < DK
+    vmask = ov < DV
+    S = tl.load(
+        s0_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
+        mask=vmask[:, None] & kmask[None, :],
+        other=0.0,
+    )  # [BVB, BK]
+    NC = tl.cdiv(T, C)
+    for c in range(0, NC):
+        tok = c * C + ot
+        tl.store(s_chunks_ptr + ((bh * NC + c) * BV + ov[:, None]) * BK + ok[None, :], S)
+        # The gates past T are not written by the penalty chain: masked to zero.
+        mk = (tok < T)[:, None] & kmask[None, :]
+        Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
+        Kt = tl.load(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :])
+        Vt = tl.load(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
+        E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
+        tl.store(e_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], E)
+        S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
+    tl.store(
+        s_out_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
+        S,
+        mask=vmask[:, None] & kmask[None, :],
+    )
+
+
+@triton.jit
+def state_output_kernel(
+    q_ptr,
+    k_ptr,
+    gate_ptr,  # [BH, TP, BK] float32
+    e_ptr,  # [BH, TP, BV] float32
+    s_chunks_ptr,  # [BH, NC, BV, BK] float32
+    z_chunks_ptr,  # [BH, NC, BK] float32: z at each chunk's start
+    o_ptr,  # [B, T, H, DV] out, the inputs' dtype
+    params_ptr,
+    T,
+    H,
+    s_t,
+    s_h,
+    so_t,
+    so_h,
+    DK,
+    DV,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BVB: tl.constexpr,
+    C: tl.constexpr,
+    TP,
+    PREC: tl.constexpr,
+    NORMALIZE_OUTPUT: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """The parallel half: every chunk at once, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the
+    read-out normaliser from ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    pv = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    NC = tl.cdiv(T, C)
+    out_eps = tl.load(params_ptr + 3).to(tl.float32)
+    ot = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = pv * BVB + tl.arange(0, BVB)
+    kmask = ok < DK
+    vmask = ov < DV
+    tok = c * C + ot
+    tmask = tok < T
+    mk = tmask[:, None] & kmask[None, :]
+    io = b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
+    Q = tl.load(q_ptr + io, mask=mk, other=0.0).to(tl.float32)
+    Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
+    E = tl.load(e_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
+    S = tl.load(s_chunks_ptr + ((bh * NC + c) * BV + ov[:, None]) * BK + ok[None, :])
+    if BUG == 2:
+        causal = ot[:, None] > ot[None, :]
+    else:
+        causal = ot[:, None] >= ot[None, :]
+    P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
+    O = tl.dot(Q, tl.trans(S), input_precision=PREC)
+    O += tl.dot(P, E, input_precision=PREC)
+    if NORMALIZE_OUTPUT:
+        Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
+        ones = tl.where(ot[:, None] >= ot[None, :], 1.0, 0.0)
+        z = tl.load(z_chunks_ptr + (bh * NC + c) * BK + ok)
+        Z = z[None, :] + tl.dot(ones, Kr, input_precision="ieee")
+        den = tl.maximum(tl.sum(Z * Q, axis=1), out_eps)
+        O = O / den[:, None]
+    op = o_ptr + b * T * so_t + h * so_h + tok[:, None] * so_t + ov[None, :]
+    tl.store(op, O.to(o_ptr.dtype.element_ty), mask=tmask[:, None] & vmask[None, :])
