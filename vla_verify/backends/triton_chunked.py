@@ -73,9 +73,6 @@ __all__ = [
 ]
 
 _NAME = "triton_chunked"
-#: Experiment (this branch only): the state chain as a sequential S recurrence and a parallel
-#: read-out (two launches) when true; the single-loop kernel when false.
-SPLIT_STATE_CHAIN = [True]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
@@ -123,7 +120,7 @@ PLANTED_BUGS: dict[str, int] = {
 
 def interpreted() -> bool:
     """Whether the kernels were built for Triton's CPU interpreter."""
-    return built_for_interpreter(kernels.state_chain_kernel)
+    return built_for_interpreter(kernels.state_starts_kernel)
 
 
 def availability_reason() -> str | None:
@@ -387,21 +384,12 @@ def _forward(
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
     z_out = torch.empty(BH, dk, dtype=f32, device=dev)
     bvb = min(BV, 32)
-    # At dk = 128 the chunk loop's software pipeline (stages of five [C, BK] float32 tiles each)
-    # needs more shared memory than the H200's 227 KiB (OutOfResources, an H200 run of
-    # benchmarks/gpu/chunk_h200.py --compile-check): one stage there.
+    # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
+    # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
+    # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
     stages = 1 if BK > 64 else 3  # 3: Triton's default
-    if not SPLIT_STATE_CHAIN[0]:
-        kernels.state_chain_kernel[(BH, BV // bvb)](
-            q, k, gates, Kt, Vt, S0, z0, o, S_out, z_out, params, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
-            NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
-            num_stages=stages,
-        )  # fmt: skip
-        A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
-        return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
     # The state chain in two launches: the sequential S recurrence (two products a chunk),
-    # then every chunk's read-out at once.
+    # then every chunk's read-out at once; z at the chunk starts is a cumulative sum of keys.
     NCk = math.ceil(T / C)
     S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
     E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)

@@ -22,9 +22,14 @@ Three launches, in this order:
 2. :func:`state_prep_kernel` — per chunk of ``C`` tokens, all chunks in parallel: the UT
    transform ``T = (I + N)^{-1}``, ``N = tril(K̂ Âᵀ, −1)``, by forward substitution, then
    ``K̃ = T K̂`` and ``Ṽ = T V``.
-3. :func:`state_chain_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h, block
-   of value rows): ``E_c = Ṽ_c − K̃_c S_cᵀ``, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c``,
-   ``S_{c+1} = S_c + E_cᵀ Â_c``, and the read-out normaliser from ``z_t = z_0 + Σ_{s≤t} k_s``.
+3. :func:`state_starts_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h,
+   block of value rows), chunk after chunk: ``E_c = Ṽ_c − K̃_c S_cᵀ`` and
+   ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``.
+4. :func:`state_output_kernel` — every chunk's read-out at once:
+   ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the read-out normaliser from
+   ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``.  Keeping the read-out out of the sequential loop
+   leaves that loop two products a chunk instead of five (as fla's ``chunk_fwd_h`` and
+   ``chunk_fwd_o`` split the delta rule).
 
 Products of the state chain take float32 operands with ``PREC`` (``"ieee"`` or ``"tf32"``: the
 ``input_precision`` switch of :func:`~vla_verify.backends.triton_chunked.chunked_vla`; tf32 for
@@ -238,90 +243,6 @@ def state_prep_kernel(
     Vt = tl.dot(Tm, V, input_precision=PREC)
     tl.store(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], Kt)
     tl.store(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], Vt)
-
-
-@triton.jit
-def state_chain_kernel(
-    q_ptr,
-    k_ptr,
-    gate_ptr,  # [BH, TP, BK] float32
-    kt_ptr,  # [BH, TP, BK] float32
-    vt_ptr,  # [BH, TP, BV] float32
-    s0_ptr,  # [BH, DV, DK] float32
-    z0_ptr,  # [BH, DK] float32
-    o_ptr,  # [B, T, H, DV] out, the inputs' dtype
-    s_out_ptr,  # [BH, DV, DK] float32 out
-    z_out_ptr,  # [BH, DK] float32 out
-    params_ptr,
-    T,
-    H,
-    s_t,
-    s_h,
-    so_t,
-    so_h,
-    DK,
-    DV,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    BVB: tl.constexpr,
-    C: tl.constexpr,
-    TP,  # the padded length: a runtime value, so a new T compiles nothing
-    PREC: tl.constexpr,
-    NORMALIZE_OUTPUT: tl.constexpr,
-    BUG: tl.constexpr,
-):
-    bh = tl.program_id(0)
-    pv = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    out_eps = tl.load(params_ptr + 3).to(tl.float32)
-    ot = tl.arange(0, C)
-    ok = tl.arange(0, BK)
-    ov = pv * BVB + tl.arange(0, BVB)
-    kmask = ok < DK
-    vmask = ov < DV
-    S = tl.load(
-        s0_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
-        mask=vmask[:, None] & kmask[None, :],
-        other=0.0,
-    )  # [BVB, BK]
-    z = tl.load(z0_ptr + bh * DK + ok, mask=kmask, other=0.0)
-    ones = tl.where(ot[:, None] >= ot[None, :], 1.0, 0.0)
-    if BUG == 2:
-        causal = ot[:, None] > ot[None, :]
-    else:
-        causal = ot[:, None] >= ot[None, :]
-    for c in range(0, tl.cdiv(T, C)):
-        tok = c * C + ot
-        tmask = tok < T
-        mk = tmask[:, None] & kmask[None, :]
-        io = b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
-        Q = tl.load(q_ptr + io, mask=mk, other=0.0).to(tl.float32)
-        Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
-        Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
-        Kt = tl.load(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :])
-        Vt = tl.load(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
-        E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
-        P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
-        O = tl.dot(Q, tl.trans(S), input_precision=PREC)
-        O += tl.dot(P, E, input_precision=PREC)
-        S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
-        if NORMALIZE_OUTPUT:
-            # z_t = z_run + Σ_{s ≤ t in the chunk} k_s, in float32 (ieee: a tf32 prefix sum
-            # would round k to 10 bits).
-            Z = z[None, :] + tl.dot(ones, Kr, input_precision="ieee")
-            den = tl.maximum(tl.sum(Z * Q, axis=1), out_eps)
-            O = O / den[:, None]
-        z += tl.sum(Kr, axis=0)
-        op = o_ptr + b * T * so_t + h * so_h + tok[:, None] * so_t + ov[None, :]
-        tl.store(op, O.to(o_ptr.dtype.element_ty), mask=tmask[:, None] & vmask[None, :])
-    tl.store(
-        s_out_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
-        S,
-        mask=vmask[:, None] & kmask[None, :],
-    )
-    if pv == 0:
-        tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)
 
 
 @triton.jit
