@@ -151,7 +151,13 @@ def test_gradients_match_torch_chunked_in_float64() -> None:
 def _gradients_outside_budget(inputs, initial, cotangents, start: int) -> list[str]:
     """Names of triton_chunked's float32 gradients of ``Σ ⟨cotangent, output⟩`` over
     ``o, S, A, z`` (in the inputs and the initial state) outside the spec §4 budget against
-    torch_chunked's float64 ones; paper preset, ``C = 16``, the floor's terms ``dk + C``."""
+    torch_chunked's float64 ones; paper preset, ``C = 16``, the floor's terms ``dk + C``.
+
+    The budget's estimate of the example's condition is the larger float32 error of two other
+    algorithms, torch_chunked's autograd and the recurrent kernel (``fused_recurrent_vla``),
+    element by element, as the recurrent kernel's own gradient tests take it: the chunked
+    backward is the recurrent adjoint started from the chunked forward's checkpoints, so a
+    correct one errs like either, and a wrong one is O(1) off."""
     from vla_verify.backends.torch_chunked import chunked
 
     def grads(fn, dtype):
@@ -168,7 +174,16 @@ def _gradients_outside_budget(inputs, initial, cotangents, start: int) -> list[s
     def torch_fn(*a, **kw):
         return chunked(*a, penalty_chain="woodbury", **kw)
 
-    ref, base = grads(torch_fn, torch.float64), grads(torch_fn, torch.float32)
+    def fused_fn(*a, chunk_size, **kw):
+        return tc.fused.fused_recurrent_vla(*a, **kw)
+
+    ref = grads(torch_fn, torch.float64)
+    base = [
+        np.where(np.abs(a - r) > np.abs(b - r), a, b)
+        for a, b, r in zip(
+            grads(torch_fn, torch.float32), grads(fused_fn, torch.float32), ref, strict=True
+        )
+    ]
     got = grads(tc.chunked_vla, torch.float32)
     u32 = float(np.finfo(np.float32).eps) / 2
     terms = inputs[0].shape[-1] + 16
@@ -180,12 +195,13 @@ def _gradients_outside_budget(inputs, initial, cotangents, start: int) -> list[s
     return bad
 
 
-def _state_gradient_case():
-    """T = 22 over two chunks of 16, one head; ``start = 13``, so the paper preset's nudge
+def _state_gradient_case(T: int = 22):
+    """``T`` tokens in chunks of 16, one head; ``start = 13``, so the paper preset's nudge
     (every 20 steps) fires after step 6 of the call, inside the first chunk; ``dk = dv``, so
     that a transposed ``S`` or ``dS`` still has the right shape; non-symmetric cotangents on
-    ``S`` and ``A``."""
-    inputs, initial = _inputs(22, 4, 4, H=1, seed=11, state=True)
+    ``S`` and ``A``.  From ``T = 65`` on, the backward reads checkpoints that the kernels
+    store inside the sequence (every 64 tokens)."""
+    inputs, initial = _inputs(T, 4, 4, H=1, seed=11, state=True)
     rng = np.random.default_rng(12)
     shapes = (inputs[2].shape, *(x.shape for x in initial))
     return inputs, initial, [rng.standard_normal(s) for s in shapes], 13
@@ -198,30 +214,41 @@ def test_gradients_with_initial_and_final_state() -> None:
     assert _gradients_outside_budget(*_state_gradient_case()) == []
 
 
-@pytest.mark.parametrize("bug", ["transposed_dS", "transposed_dA", "transposed_S0", "scaled_dq"])
-def test_wrong_gradient_is_rejected(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check above fails a backward that transposes the final ``S``'s or ``A``'s cotangent
-    or the initial ``S``, or scales ``dq`` by 1.001 (so it can fail)."""
-    tf = tc.fused
-    forward, backward = tf._forward, tf._backward
+def test_gradients_across_checkpoints() -> None:
+    """At T = 140 the backward starts its intervals from the A, S and z that the forward
+    stored after 64 and 128 tokens."""
+    assert _gradients_outside_budget(*_state_gradient_case(140)) == []
 
-    def planted_forward(q, k, v, u, state0, *args):
-        if bug == "transposed_S0":
-            state0 = (state0[0].mT.contiguous(), *state0[1:])
-        return forward(q, k, v, u, state0, *args)
 
-    def planted_backward(q, k, v, u, ck, do, final, run):
-        dS, dA, dz = final
+@pytest.mark.parametrize(
+    ("bug", "T"),
+    [("transposed_dS", 22), ("transposed_dA", 22), ("scaled_dq", 22),
+     ("transposed_S_checkpoints", 70), ("shifted_A_checkpoints", 70)],
+)  # fmt: skip
+def test_wrong_gradient_is_rejected(bug: str, T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above fails a backward that transposes the final ``S``'s or ``A``'s
+    cotangent or the ``S`` checkpoints, reads each ``A`` checkpoint from the slot before (at
+    T = 70 the slot after 64 tokens is the kernel's), or scales ``dq`` by 1.001 (so it can
+    fail).  The bugs are planted in the chunked backend's backward only, not in the recurrent
+    kernel that the budget also consults."""
+    adjoint = tc._recurrent_adjoint
+
+    def planted(q, k, v, u, initial, config, start, cotangents, ck):
+        do, dS, dA, dz = cotangents
+        cks, cka, ckz = ck
         if bug == "transposed_dS":
-            dS = dS.mT.contiguous()
+            dS = dS.mT
         if bug == "transposed_dA":
-            dA = dA.mT.contiguous()
-        dq, *rest = backward(q, k, v, u, ck, do, (dS, dA, dz), run)
+            dA = dA.mT
+        if bug == "transposed_S_checkpoints":
+            cks = cks.mT.contiguous()
+        if bug == "shifted_A_checkpoints":
+            cka = torch.cat([cka[:, :, :1], cka[:, :, :-1]], dim=2)
+        dq, *rest = adjoint(q, k, v, u, initial, config, start, (do, dS, dA, dz), (cks, cka, ckz))
         return (1.001 * dq if bug == "scaled_dq" else dq, *rest)
 
-    monkeypatch.setattr(tf, "_forward", planted_forward)
-    monkeypatch.setattr(tf, "_backward", planted_backward)
-    assert _gradients_outside_budget(*_state_gradient_case()) != []
+    monkeypatch.setattr(tc, "_recurrent_adjoint", planted)
+    assert _gradients_outside_budget(*_state_gradient_case(T)) != []
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 """One entry point for VLA on a GPU: :func:`vla` picks the kernel for the call.
 
 - The recurrent kernel (:func:`vla_verify.backends.triton_fused.fused_recurrent_vla`) for short
-  sequences and decoding, and for training (the chunked kernel's backward reruns the recurrent
-  kernel's forward and adjoint, :mod:`vla_verify.backends.triton_chunked`, so training through
-  it costs more).
+  sequences and decoding, and for training (the chunked kernel's backward is the recurrent
+  kernel's adjoint, :mod:`vla_verify.backends.triton_chunked`; training through it is not
+  measured yet).
 - The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
   ``T >= FORWARD_CROSSOVER_T`` (long prefill) with keys at most ``FORWARD_CROSSOVER_MAX_DK``
   wide, the lengths and widths where it was measured faster.
@@ -44,9 +44,10 @@ FORWARD_CROSSOVER_T: int | None = 16384
 #: 65536; its float64 block-start products grow as dk³), so wider keys run the recurrent kernel.
 FORWARD_CROSSOVER_MAX_DK = 64
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel;
-#: ``None``: never, since its backward is the recurrent kernel's (a rerun of that kernel's
-#: forward with checkpoints, then its adjoint): training through it costs the recurrent
-#: kernel's forward and backward plus the chunked forward.
+#: ``None``: never until measured.  Its backward is the recurrent kernel's adjoint from the
+#: chunked forward's checkpoints, so training through it costs the chunked forward plus the
+#: recurrent backward, against the recurrent forward plus the same backward: no crossover
+#: is set before the two are timed side by side.
 TRAINING_CROSSOVER_T: int | None = None
 
 _KERNELS: dict[str, Any] = {}

@@ -46,8 +46,8 @@ RUN: dict[str, Any] = {
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
     "long_variant_blocks": (None, 1024, 2048, 4096),
-    # The longest forward + backward of the chunked kernel timed (its backward reruns the
-    # recurrent kernel's forward and adjoint).
+    # The longest forward + backward of the chunked kernel timed (its backward is the
+    # recurrent kernel's adjoint from the chunked forward's checkpoints).
     "fwdbwd_chunked_max_T": 16384,
     "overhead_T": 1024,
 }

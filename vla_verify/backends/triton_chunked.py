@@ -24,17 +24,17 @@ measured outside the spec §4 budget on strong penalties (``docs/design/triton_c
 float32 stays available for layer-like penalties.  The state comes back in float32.
 
 Gradients.  The backward is the adjoint of the recurrence (spec §2.3) by the recurrent kernels
-of :mod:`.triton_fused`: :class:`ChunkedVLAFunction` reruns that backend's forward from the saved
-inputs and initial state, storing its ``(S, A, z)`` checkpoints, and runs its backward on the
-incoming cotangents.  There is no chunked Triton adjoint yet, and the recurrent one is about 8×
-faster than recomputing the forward through :func:`vla_verify.backends.torch_chunked.chunked`
-and differentiating it with autograd (94.5 against 768 ms for forward + backward on the H200 at
-T = 16384, D = 64; ``docs/design/triton_chunked.md``, "Measured times").  The recurrent
-backend takes every input this forward takes (float32, bfloat16, float16; dk, dv ≤ 128; every
-configuration and ``start``; any initial state, in the same spec §1 layouts), so every call has
-this backward.  The gradients are those of spec §2.3 along the recurrent trajectory, which is
-the chunked one up to rounding; the chunked forward's own options (``chunk_size``, the penalty
-chain's chunk, blocks and dtype, ``input_precision``) do not change them.
+of :mod:`.triton_fused`, started from checkpoints that this forward keeps when an input needs a
+gradient: ``S`` and ``z`` at the state chain's chunk starts, ``A`` stored by the penalty kernel,
+every 64 tokens (the recurrent backward's interval and layout).  There is no chunked Triton
+adjoint yet; the recurrent one is about 8× faster than recomputing the forward through
+:func:`vla_verify.backends.torch_chunked.chunked` and differentiating it with autograd (94.5
+against 768 ms for forward + backward on the H200 at T = 16384, D = 64;
+``docs/design/triton_chunked.md``, "Measured times"), and with the checkpoints it needs no
+rerun of the recurrent forward.  The recurrent kernels take every input this forward takes
+(float32, bfloat16, float16; dk, dv ≤ 128; every configuration and ``start``; any initial
+state, in the same spec §1 layouts).  The gradients are those of spec §2.3 along the chunked
+trajectory, as the recurrent adjoint walks it from the checkpoints.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ __all__ = [
 ]
 
 _NAME = "triton_chunked"
+#: Tokens between the checkpoints that the forward keeps for the backward (the recurrent
+#: adjoint's, ``fused_recurrent_vla``'s default: ``⌈T/64⌉`` states per head; its in-interval
+#: reversal's rounding grows with the interval).  A multiple of every chunk size.
+_CHECKPOINT_EVERY = 64
+#: The backward's checkpoints: ``Sᵀ``, ``Aᵀ``, ``z`` (:func:`_forward`).
+Checkpoints = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
@@ -287,9 +293,13 @@ def _forward(
     input_precision: str,
     penalty_dtype: str,
     bug: int,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Launch the three kernels (module docstring); returns ``o`` (inputs' dtype) and the
-    float32 state."""
+    save_checkpoints: bool = False,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], Checkpoints | None]:
+    """Launch the kernels (module docstring); returns ``o`` (inputs' dtype), the float32
+    state and, with ``save_checkpoints``, the backward's checkpoints (:func:`_recurrent_adjoint`):
+    ``Sᵀ`` ``[B, H, nc, dk, dv]``, ``Aᵀ`` ``[B, H, nc + 1, dk, dk]``, ``z`` ``[B, H, nc + 1, dk]``
+    float32 before every :data:`_CHECKPOINT_EVERY` tokens and after the last,
+    ``nc = ⌈T / _CHECKPOINT_EVERY⌉``."""
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     dev = q.device
@@ -348,15 +358,19 @@ def _forward(
     # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
     kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
 
+    nck = math.ceil(T / _CHECKPOINT_EVERY)
+    cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
+
     def penalty_chain(A_starts: torch.Tensor) -> torch.Tensor:
         # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding stays zero); on exit
         # each block's end Aᵀ.
         X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
         X[:, :, :dk, :dk] = A_starts.mT.to(pd)
         kernels.penalty_chain_kernel[(BH, NB)](
-            kp, up, X, W, gates, params, T, H, start_mod, period, H * dk, dk,
-            DK=dk, CPB=block // CP, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
-            NORMALIZE_GATE=config.normalize_gate, BUG=bug, num_warps=warps,
+            kp, up, X, W, gates, cka, params, T, H, start_mod, period, H * dk, dk,
+            DK=dk, CPB=block // CP, NCK=nck + 1, CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb,
+            CP=CP, TP=TP, PD=_tl_dtype(pd), NORMALIZE_GATE=config.normalize_gate,
+            SAVE_CKPT=save_checkpoints, BUG=bug, num_warps=warps,
         )  # fmt: skip
         return X
 
@@ -410,7 +424,17 @@ def _forward(
         NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
     )  # fmt: skip
     A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
-    return o, (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
+    state = (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
+    if not save_checkpoints:
+        return o, state, None
+    # The chains' values at the checkpoints: S and z at every state chunk's start (a chunk
+    # divides the interval), A from the penalty kernel, the first and last here.
+    cka[:, 0] = A0.mT
+    cka[:, nck] = X[:, NB - 1, :dk, :dk]
+    every = _CHECKPOINT_EVERY // C
+    cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).contiguous()
+    ckz = torch.cat([z_chunks[:, ::every, :dk], z_out[:, None]], dim=1)
+    return o, state, (cks, cka.view(B, H, nck + 1, dk, dk), ckz.view(B, H, nck + 1, dk))
 
 
 def _tl_dtype(dtype: torch.dtype) -> Any:
@@ -424,11 +448,6 @@ def _tl_dtype(dtype: torch.dtype) -> Any:
     }[dtype]
 
 
-# Tokens between the checkpoints of the backward's recurrent rerun: fused_recurrent_vla's
-# default (memory ⌈T/64⌉ states per head; the in-chunk reversal's rounding grows with it).
-_CHECKPOINT_EVERY = 64
-
-
 def _recurrent_adjoint(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -438,11 +457,12 @@ def _recurrent_adjoint(
     config: VLAConfig,
     start: int,
     cotangents: tuple[torch.Tensor | None, ...],
+    ck: Checkpoints,
 ) -> tuple[torch.Tensor | None, ...]:
     """``dq, dk, dv, du, dS_0, dA_0, dz_0`` by the recurrent kernels' adjoint (module
-    docstring, "Gradients"): their forward from ``initial`` (``()``: the spec §2.3 defaults;
-    then the state's gradients are ``None``) storing checkpoints, then their backward.  Both
-    backends hold the state in the spec §1 layouts, so the cotangents and gradients pass
+    docstring, "Gradients") from the chunked forward's checkpoints ``ck`` (:func:`_forward`;
+    ``initial`` ``()``: the spec §2.3 defaults, then the state's gradients are ``None``).
+    Both backends hold the state in the spec §1 layouts, so the cotangents and gradients pass
     through untransposed; ``None`` cotangents are zeros."""
     B, T, H, dk = q.shape
     run = fused._Run(
@@ -454,12 +474,13 @@ def _recurrent_adjoint(
         bug=Bug.NONE,
     )
     q, k, v, u = (x.contiguous() for x in (q, k, v, u))
-    state0 = tuple(x.contiguous() for x in initial) if initial else None
-    o, final, ck = fused._forward(q, k, v, u, state0, run, True)  # type: ignore[arg-type]
-    assert ck is not None
+    dv = v.shape[-1]
+    f32 = torch.float32
+    shapes = (((B, T, H, dv), q.dtype), ((B, H, dv, dk), f32), ((B, H, dk, dk), f32),
+              ((B, H, dk), f32))  # fmt: skip
     do, dS, dA, dz = (
-        torch.zeros_like(y) if g is None else g.to(y.dtype).contiguous()
-        for g, y in zip(cotangents, (o, *final), strict=True)
+        torch.zeros(shape, dtype=dt, device=q.device) if g is None else g.to(dt).contiguous()
+        for g, (shape, dt) in zip(cotangents, shapes, strict=True)
     )
     dq, dk_, dv_, du, *d0 = fused._backward(q, k, v, u, ck, do, (dS, dA, dz), run)  # type: ignore[arg-type]
     if not initial:
@@ -485,17 +506,22 @@ class ChunkedVLAFunction(torch.autograd.Function):
         z0: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         initial = None if S0 is None else (S0, A0, z0)
-        o, (S, A, z) = _forward(q, k, v, u, initial_state=initial, **options)
+        save = any(ctx.needs_input_grad[1:])
+        o, (S, A, z), ck = _forward(
+            q, k, v, u, initial_state=initial, save_checkpoints=save, **options
+        )
         ctx.options = options
-        ctx.save_for_backward(q, k, v, u, *(initial or ()))
+        if save:
+            assert ck is not None
+            ctx.save_for_backward(q, k, v, u, *ck, *(initial or ()))
         return o, S, A, z
 
     @staticmethod
     def backward(ctx: Any, do: Any, dS: Any, dA: Any, dz: Any) -> Any:  # type: ignore[override]
-        q, k, v, u, *initial = ctx.saved_tensors
+        q, k, v, u, cks, cka, ckz, *initial = ctx.saved_tensors
         grads = _recurrent_adjoint(
             q, k, v, u, tuple(initial), ctx.options["config"], ctx.options["start"],
-            (do, dS, dA, dz),
+            (do, dS, dA, dz), (cks, cka, ckz),
         )  # fmt: skip
         return (None, *grads)
 

@@ -93,6 +93,7 @@ def penalty_chain_kernel(
     x_ptr,  # [BH, NB, BK, BK] scratch: each block's start Aᵀ on entry, its end Aᵀ on exit (PD)
     w_ptr,  # [BH, NB, CP, BK] scratch for W D^{-1} (PD)
     gate_ptr,  # [BH, TP, BK] float32 out: the normalised gates α̂
+    cka_ptr,  # [BH, NCK, DK, DK] float32 out: Aᵀ after every CKE tokens (slot t / CKE)
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
     T,
     H,
@@ -102,12 +103,15 @@ def penalty_chain_kernel(
     s_h,
     DK,
     CPB,  # penalty chunks per block (runtime: a new length compiles nothing)
+    NCK,  # checkpoint slots per head
+    CKE,  # tokens between checkpoints, a multiple of CP
     BK: tl.constexpr,
     BKB: tl.constexpr,
     CP: tl.constexpr,
     TP,  # the padded length: a runtime value, so a new T compiles nothing
     PD: tl.constexpr,
     NORMALIZE_GATE: tl.constexpr,
+    SAVE_CKPT: tl.constexpr,
     BUG: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -188,6 +192,14 @@ def penalty_chain_kernel(
             Xb = Xb - tl.dot(WsbT, W, input_precision="ieee", out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
             tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
+            if SAVE_CKPT:
+                # The backward's checkpoints (the recurrent adjoint's layout): A after every
+                # CKE tokens inside the sequence; slot 0 and the last are the caller's.
+                t_end = (c + 1) * CP
+                if (t_end % CKE == 0) & (t_end < T):
+                    cm = (cb[:, None] < DK) & (ok[None, :] < DK)
+                    cp_ = cka_ptr + ((bh * NCK + t_end // CKE) * DK + cb[:, None]) * DK
+                    tl.store(cp_ + ok[None, :], Xb.to(tl.float32), mask=cm)
         tl.debug_barrier()
 
 
