@@ -56,7 +56,16 @@ def test_the_measured_crossover_picks_the_chunked_kernel_for_long_narrow_prefill
     assert ops.choose(T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK) == "chunked"
     assert ops.choose(T - 1, training=False, dk=64) == "recurrent"
     assert ops.choose(4 * T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK + 1) == "recurrent"
-    assert ops.choose(4 * T, training=True, dk=64) == "recurrent"
+
+
+def test_the_measured_training_crossover_picks_the_chunked_kernel_for_long_narrow_training(
+    kernels,
+) -> None:
+    T = ops.TRAINING_CROSSOVER_T
+    assert T is not None  # measured: benchmarks/results/h200/chunk_training.json
+    assert ops.choose(T, training=True, dk=ops.FORWARD_CROSSOVER_MAX_DK) == "chunked"
+    assert ops.choose(T - 1, training=True, dk=64) == "recurrent"
+    assert ops.choose(4 * T, training=True, dk=ops.FORWARD_CROSSOVER_MAX_DK + 1) == "recurrent"
 
 
 def test_wide_keys_run_the_recurrent_kernel_at_any_length(kernels, monkeypatch) -> None:

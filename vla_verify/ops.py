@@ -1,12 +1,11 @@
 """One entry point for VLA on a GPU: :func:`vla` picks the kernel for the call.
 
 - The recurrent kernel (:func:`vla_verify.backends.triton_fused.fused_recurrent_vla`) for short
-  sequences and decoding, and for training (the chunked kernel's backward is the recurrent
-  kernel's adjoint, :mod:`vla_verify.backends.triton_chunked`; training through it is not
-  measured yet).
+  sequences and decoding, and for training below ``TRAINING_CROSSOVER_T``.
 - The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
-  ``T >= FORWARD_CROSSOVER_T`` (long prefill) with keys at most ``FORWARD_CROSSOVER_MAX_DK``
-  wide, the lengths and widths where it was measured faster.
+  ``T >= FORWARD_CROSSOVER_T`` (long prefill) and for training at ``T >= TRAINING_CROSSOVER_T``,
+  with keys at most ``FORWARD_CROSSOVER_MAX_DK`` wide: the lengths and widths where it was
+  measured faster.
 
 Both compute spec §2.3 with every :class:`~vla_verify.spec.VLAConfig` field and ``start``
 honoured; the choice only changes speed and rounding.  torch and triton are imported on the
@@ -37,18 +36,23 @@ __all__ = [
 #: chunked forward takes 6.14 ms against the recurrent kernel's 3.43 ms at T = 4096, 11.0 against
 #: 13.7 ms at 16384 and 38.7 against 54.7 ms at 65536; the log-linear interpolation crosses at
 #: T ≈ 11 300, and the rule takes the first measured length at which the chunked kernel is
-#: faster.  The chunked kernel stays reachable with ``kernel="chunked"``.
+#: faster.  With the state chain in two launches (``chunk_training.json``): 4.35 against 3.43 ms
+#: at T = 4096, 9.04 against 13.7 ms at 16384; the rule gives the same length.  The chunked
+#: kernel stays reachable with ``kernel="chunked"``.
 FORWARD_CROSSOVER_T: int | None = 16384
-#: The widest key dimension the forward crossover holds for: at D = 128 the chunked forward is
+#: The widest key dimension both crossovers hold for: at D = 128 the chunked forward is
 #: slower at every measured length (33.9 against 18.5 ms at T = 16384, 122 against 74.0 ms at
-#: 65536; its float64 block-start products grow as dk³), so wider keys run the recurrent kernel.
+#: 65536; its float64 block-start products grow as dk³), so wider keys run the recurrent kernel,
+#: in training too (the two share the backward, so the forward decides).
 FORWARD_CROSSOVER_MAX_DK = 64
-#: Sequence length from which training (inputs that require grad) runs the chunked kernel;
-#: ``None``: never until measured.  Its backward is the recurrent kernel's adjoint from the
-#: chunked forward's checkpoints, so training through it costs the chunked forward plus the
-#: recurrent backward, against the recurrent forward plus the same backward: no crossover
-#: is set before the two are timed side by side.
-TRAINING_CROSSOVER_T: int | None = None
+#: Sequence length from which training (inputs that require grad) runs the chunked kernel, for
+#: key widths up to :data:`FORWARD_CROSSOVER_MAX_DK`; ``None``: never.  The chunked kernel's
+#: backward is the recurrent kernel's adjoint from the chunked forward's checkpoints, so the two
+#: kernels differ only in the forward.  Measured on the H200 (B = 1, H = 16, bf16, paper preset,
+#: D = 64, forward + backward, ``benchmarks/results/h200/chunk_training.json``, side by side):
+#: chunked 25.2 against recurrent 23.6 ms at T = 4096, 88.5 against 94.3 ms at T = 16384; the
+#: rule takes the first measured length at which the chunked kernel is faster.
+TRAINING_CROSSOVER_T: int | None = 16384
 
 _KERNELS: dict[str, Any] = {}
 
@@ -67,13 +71,10 @@ def _kernel(name: str) -> Any:
 def choose(T: int, training: bool, dk: int | None = None) -> str:
     """``"chunked"`` or ``"recurrent"`` for a call of ``T`` tokens with key width ``dk``
     (``None``: any width the crossover holds for; module docstring)."""
-    if training:
-        if TRAINING_CROSSOVER_T is not None and T >= TRAINING_CROSSOVER_T:
-            return "chunked"
-        return "recurrent"
     if dk is not None and dk > FORWARD_CROSSOVER_MAX_DK:
         return "recurrent"
-    if FORWARD_CROSSOVER_T is not None and T >= FORWARD_CROSSOVER_T:
+    crossover = TRAINING_CROSSOVER_T if training else FORWARD_CROSSOVER_T
+    if crossover is not None and T >= crossover:
         return "chunked"
     return "recurrent"
 
