@@ -18,6 +18,8 @@ on tiny slices that ratio has a tail; fixed examples keep a red run reproducible
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -241,8 +243,11 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
     assert {name for name, _, _ in default} == set(_KERNELS)
     for option, value in {**semantic, **changed}.items():
         assert be.options[option] != value, option
-        launched = _launches(monkeypatch, be.bind(**{option: value}), x)
-        assert launched != default, f"option {option}={value!r} changed no launch"
+        # Blocks of the adjoint need room: whole checkpoint intervals and nudge periods.
+        fit = {"checkpoint_every": 1} if option == "adjoint_blocks" else {}
+        base = _launches(monkeypatch, be.bind(**fit), x) if fit else default
+        launched = _launches(monkeypatch, be.bind(**fit, **{option: value}), x)
+        assert launched != base, f"option {option}={value!r} changed no launch"
 
 
 def test_check_finite_option_and_unknown_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -660,6 +665,153 @@ def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * (1 + float(b.abs().max())))
 
 
+# -- the blocked adjoint -------------------------------------------------------------------------
+
+
+NUDGE4 = VLAConfig(nudge_period=4)
+
+
+def _blocked_grads(blocks: int, config: VLAConfig, T: int = 77):  # type: ignore[no-untyped-def]
+    """float64 gradients of ``Σ ⟨cotangent, output⟩`` over ``o, S, A, z`` with the adjoint in
+    ``blocks`` blocks (checkpoints every 8 tokens; B = 2, one head).  Layer-like inputs (spec
+    §2.5: positive ``q, k``, ``‖u‖² = 1/dk``) from a non-symmetric initial ``A`` (a symmetric
+    positive definite one plus 0.01 noise), so that ``dA_0`` has an
+    antisymmetric part to carry."""
+    B, H, dk, dv = 2, 1, 5, 6
+    rng = np.random.default_rng(0)
+    q, k = (np.exp(0.5 * rng.standard_normal((B, T, H, dk))) for _ in range(2))
+    v = rng.standard_normal((B, T, H, dv))
+    u = rng.standard_normal((B, T, H, dk))
+    u = u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(dk)
+    G = rng.standard_normal((B, H, dk, dk))
+    A0 = np.linalg.inv(0.1 * np.eye(dk) + G @ np.swapaxes(G, -1, -2))
+    A0 = 0.5 * (A0 + np.swapaxes(A0, -1, -2)) + 0.01 * rng.standard_normal((B, H, dk, dk))
+    arrays = [q, k, v, u, rng.standard_normal((B, H, dv, dk)), A0, 1 + rng.random((B, H, dk))]
+    cot = [torch.tensor(rng.standard_normal(a.shape), device=DEVICE)
+           for a in (v, *arrays[4:])]  # fmt: skip
+    xs = [torch.tensor(a, requires_grad=True, device=DEVICE) for a in arrays]
+    o, state = _fused().fused_recurrent_vla(
+        *xs[:4], config=config, initial_state=tuple(xs[4:]), checkpoint_every=8,
+        plan=_plan(xs[0], xs[2], adjoint_blocks=blocks),
+    )  # fmt: skip
+    loss = sum((y * c).sum() for y, c in zip((o, *state), cot, strict=True))
+    return torch.autograd.grad(loss, xs)
+
+
+@functools.lru_cache(maxsize=2)
+def _one_pass_grads(config: VLAConfig, T: int):  # type: ignore[no-untyped-def]
+    """:func:`_blocked_grads` in one pass, kept for the planted-bug runs (never changed)."""
+    return _blocked_grads(1, config, T=T)
+
+
+def _blocked_mismatch(blocks: int, config: VLAConfig = NUDGE4, T: int = 77) -> list[str]:
+    """Gradients (inputs and initial state) where the blocked adjoint and the one-pass adjoint
+    differ by more than float64 rounding, ``1e-12·(1 + max|g|)``: the two walk the same
+    recurrence and differ only in the order of the blocks' products.  Both must be finite."""
+    names = ("q", "k", "v", "u", "S", "A", "z")
+    one = _one_pass_grads(config, T)
+    blocked = _blocked_grads(blocks, config, T=T)
+    for name, a in zip(names, one, strict=True):
+        assert bool(torch.isfinite(a).all()) and float(a.abs().max()) < 1e3, name
+    return [
+        name
+        for name, a, b in zip(names, one, blocked, strict=True)
+        if not float((a - b).abs().max()) <= 1e-12 * (1 + float(a.abs().max()))
+    ]
+
+
+@pytest.mark.parametrize("blocks", [4, 3])
+def test_blocked_adjoint_equals_one_pass(blocks: int) -> None:
+    """B = 2, T = 77 in four blocks of 16 tokens after a 13-token tail (or three of 24 after 5),
+    nudges every 4 tokens: the blocks' scans (``K``, ``J`` and the antisymmetric part of
+    ``dA``) give the one-pass gradients to float64 rounding."""
+    assert _blocked_mismatch(blocks) == []
+
+
+def test_blocked_adjoint_falls_back_where_a_denominator_is_floored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sm_floor = 4``, above every ``1 + uᵀAu`` here: the denominators are floored, the
+    step's adjoint is no longer the congruence, and the span runs in one pass (same
+    gradients)."""
+    tf = _fused()
+    calls = []
+    real = tf._sequential_span
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(a[1:3])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tf, "_sequential_span", counted)
+    config = VLAConfig(nudge_period=4, sm_floor=4.0)
+    grads = [_blocked_grads(blocks, config, T=40) for blocks in (1, 4)]
+    # One pass; then the 8-token tail in one pass and the 4 blocks of 8 fallen back to one.
+    assert calls == [(0, 40), (32, 8), (0, 32)]
+    for a, b in zip(*grads, strict=True):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * (1 + float(a.abs().max())))
+
+
+#: Bugs planted in the blocked adjoint's scans: each must move a gradient off the one-pass one.
+BLOCK_BUGS = {
+    "K_transposed": ("_state_block_ends", lambda f: lambda dS, KT, loc: f(dS, KT.mT, loc)),
+    "J_transposed": ("_penalty_block_ends",
+                     lambda f: lambda dA, dz, JT, la, lz: f(dA, dz, JT.mT, la, lz)),
+    "J_dropped": ("_penalty_block_ends",
+                  lambda f: lambda dA, dz, JT, la, lz: f(dA, dz, 0 * JT + torch.eye(5), la, lz)),
+    "skew_dropped": ("_join_penalty_blocks", lambda f: lambda dA: dA[:, 0]),
+    "local_z_dropped": ("_penalty_block_ends",
+                        lambda f: lambda dA, dz, JT, la, lz: f(dA, dz, JT, la, 0 * lz)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("bug", list(BLOCK_BUGS))
+def test_blocked_adjoint_bug_is_rejected(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tf = _fused()
+    name, plant = BLOCK_BUGS[bug]
+    monkeypatch.setattr(tf, name, plant(getattr(tf, name)))
+    assert _blocked_mismatch(4) != []
+
+
+def test_blocked_adjoint_gradients_within_budget() -> None:
+    """The blocked adjoint (three blocks of 4 tokens after a 2-token tail) against the float64
+    torch backend within the spec §4 budget, float32 and float64."""
+    for dtype in (torch.float32, torch.float64):
+        checks = _grad_check(GRAD_CONFIGS["paper_nudge4"], seed=5, dtype=dtype, adjoint_blocks=3)
+        for g_name, c in checks:
+            assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+def test_spans_cover_the_sequence() -> None:
+    """Known answers: the tail that no whole block takes runs first, in one pass; segments
+    shorter than the fewest worthwhile blocks run in one pass; explicit small block counts are
+    kept."""
+    tf = _fused()
+    assert tf._spans(101, 10**9, 8, 4) == [(96, 1, 5), (0, 4, 24)]
+    assert tf._spans(16384, 10**9, 320, 8) == [(15360, 1, 1024), (0, 8, 1920)]
+    assert tf._spans(1000, 10**9, 320, 8) == [(0, 1, 1000)]  # 3 blocks < 4
+    assert tf._spans(14, 10**9, 4, 3) == [(12, 1, 2), (0, 3, 4)]
+    assert tf._spans(40, 16, 8, 1) == [(32, 1, 8), (16, 1, 16), (0, 1, 16)]
+    assert tf._spans(64, 32, 8, 4) == [(32, 4, 8), (0, 4, 8)]
+    for T, seg, unit, blocks in [(101, 10**9, 8, 4), (16384, 4096, 320, 8), (777, 64, 16, 2)]:
+        covered = sorted((t, t + nb * L) for t, nb, L in tf._spans(T, seg, unit, blocks))
+        assert covered[0][0] == 0 and covered[-1][1] == T
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
+
+
+def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the plan's blocks fill the SMs with one penalty-adjoint program each (132 SMs:
+    8 blocks at B·H = 16, 16 at most), none where fewer than 4 fit; in the interpreter, 1."""
+    tf = _fused()
+    cuda = torch.device("cuda")
+    assert tf._adjoint_blocks(1, 16, torch.device("cpu")) == 1
+    monkeypatch.setattr(tf, "interpreted", lambda: False)
+    monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
+    assert tf._adjoint_blocks(1, 16, cuda) == 8
+    assert tf._adjoint_blocks(1, 4, cuda) == 16
+    assert tf._adjoint_blocks(2, 32, cuda) == 1
+
+
 # -- the checks can fail: planted bugs in the default code path ----------------------------------
 
 #: The plan choices each planted forward bug is tried in: the default at dk = 5, and the choices
@@ -712,9 +864,11 @@ def test_planted_backward_bug_is_rejected(monkeypatch: pytest.MonkeyPatch) -> No
 # -- NaN-poisoned buffers, refusals, availability -----------------------------------------------
 
 
-def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("blocks", [1, 2], ids=["one_pass", "blocked_adjoint"])
+def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, blocks: int) -> None:
     """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
-    kernel forgets to write (outputs, states, gradients, scratch read before written) shows."""
+    kernel forgets to write (outputs, states, gradients, scratch read before written) shows; in
+    one pass and with the adjoint in two blocks of 4 tokens after a one-token tail."""
     tf = _fused()
     case = _case(7, T=9, dk=3, dv=5)
 
@@ -724,8 +878,9 @@ def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch) -> None
             for a in case.arrays().values()
         ]
         o, (S, A, z) = tf.fused_recurrent_vla(
-            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4
-        )
+            *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4,
+            config=VLAConfig(nudge_period=4), plan=_plan(xs[0], xs[2], adjoint_blocks=blocks),
+        )  # fmt: skip
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         return [o, S, A, z, *grads]
 

@@ -34,7 +34,8 @@ against 768 ms for forward + backward on the H200 at T = 16384, D = 64;
 rerun of the recurrent forward.  The recurrent kernels take every input this forward takes
 (float32, bfloat16, float16; dk, dv ≤ 128; every configuration and ``start``; any initial
 state, in the same spec §1 layouts).  The gradients are those of spec §2.3 along the chunked
-trajectory, as the recurrent adjoint walks it from the checkpoints.
+trajectory, as the recurrent adjoint walks it from the checkpoints; on long inputs that adjoint
+runs in blocks of tokens side by side (``RecurrentPlan.adjoint_blocks``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ The forward is one launch of :func:`~.triton_fused_kernels.vla_stream_kernel` (g
 state programs side by side); the backward reruns the gate pass from checkpoints of ``(S, A, z)``
 stored every ``checkpoint_every`` tokens (memory ``B·H·⌈T/C⌉·(dk² + dv·dk + dk)`` floats, not a
 T-long history) and runs the state and penalty adjoints (kernels and their organisation:
-:mod:`vla_verify.backends.triton_fused_kernels`).
+:mod:`vla_verify.backends.triton_fused_kernels`), on long inputs in blocks of tokens side by
+side (:func:`_blocked_span`: each block's adjoint is an affine map of the cotangents after it).
 
 Inputs may be float32, bfloat16 or float16 (accumulated in float32) or float64 (accumulated in
 float64, useful to separate algorithm from rounding); the output ``o`` has the inputs' dtype, the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +149,9 @@ class RecurrentPlan:
 
     Backward: ``bwd_block_v`` (value rows per state-backward program), ``state_bwd_warps``
     (:func:`~.triton_fused_kernels.vla_state_bwd_kernel`), ``gate_bwd_warps``
-    (:func:`~.triton_fused_kernels.vla_gate_bwd_kernel`).
+    (:func:`~.triton_fused_kernels.vla_gate_bwd_kernel`), ``adjoint_blocks`` (how many blocks
+    of tokens the adjoint runs side by side, each as one more batch element; 1 = one pass
+    through the sequence: :func:`_blocked_span`).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -163,8 +167,14 @@ class RecurrentPlan:
     bwd_block_v: int
     state_bwd_warps: int
     gate_bwd_warps: int
+    adjoint_blocks: int = 1
 
     def __post_init__(self) -> None:
+        if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
+            raise UnsupportedConfigurationError(
+                _NAME, f"adjoint_blocks must be an integer >= 1, got {self.adjoint_blocks!r}",
+                "adjoint_blocks",
+            )  # fmt: skip
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
             if not _is_int(value) or value < 16 or value & (value - 1):
@@ -291,6 +301,23 @@ def _block_v(B: int, H: int, dv: int, device: torch.device, gate_programs: bool)
     return bv
 
 
+#: Most blocks the adjoint runs side by side; fewer than the least are not worth the blocks'
+#: second gate-adjoint pass (:func:`_blocked_span`).
+_MAX_ADJOINT_BLOCKS = 16
+_MIN_ADJOINT_BLOCKS = 4
+
+
+def _adjoint_blocks(B: int, H: int, device: torch.device) -> int:
+    """Blocks of the adjoint: as many as fill the SMs with one penalty-adjoint program each
+    (``B·H`` per block), at most :data:`_MAX_ADJOINT_BLOCKS`, none below
+    :data:`_MIN_ADJOINT_BLOCKS`.  An occupancy rule, not yet a measured row: a sequential
+    adjoint runs ``B·H`` programs (16 on 132 SMs at B·H = 16).  In the interpreter: 1."""
+    if device.type != "cuda" or interpreted():
+        return 1
+    blocks = min(_MAX_ADJOINT_BLOCKS, _sm_count(device) // (B * H))
+    return blocks if blocks >= _MIN_ADJOINT_BLOCKS else 1
+
+
 def _state_bwd_warps(bk: int, bv: int) -> int:
     """Warps of the state backward (``Sᵀ`` ``[BK, BV]``, 16 entries per thread, at most 4): at
     BK = 128, BV = 16, 4 warps 1.95 ms against 2.25 ms with 2 at T = 4096
@@ -326,6 +353,7 @@ def plan_for(
         bwd_block_v=bwd_bv,
         state_bwd_warps=_state_bwd_warps(bk, bwd_bv),
         gate_bwd_warps=row.gate_bwd_warps,
+        adjoint_blocks=_adjoint_blocks(B, H, device) if training else 1,
     )
 
 
@@ -467,6 +495,307 @@ def _forward(
 
 
 _Grads = tuple[torch.Tensor, ...]
+_Cotangents = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class _Adjoint:
+    """One backward's tensors and launch arguments, shared by its spans (:func:`_backward`).
+
+    ``q, k, v, u, do`` ``[B, T, H, ·]``; the checkpoints ``cks`` (``Sᵀ`` ``[B, H, nc, dk, dv]``),
+    ``cka`` (``Aᵀ`` ``[B, H, nc + 1, dk, dk]``), ``ckz`` ``[B, H, nc + 1, dk]``; the gradients
+    ``dq, dk, dv, du`` are written span by span."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    u: torch.Tensor
+    do: torch.Tensor
+    cks: torch.Tensor
+    cka: torch.Tensor
+    ckz: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    du: torch.Tensor
+    run: _Run
+    params: torch.Tensor
+    period: int
+    start: int
+
+
+def _rerun(
+    adj: _Adjoint, xs: tuple[torch.Tensor, ...], a0: torch.Tensor, z0: torch.Tensor, t_begin: int,
+    n: int, start: int,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """:func:`kernels.vla_gate_kernel` over tokens ``t_begin ≤ t < t_begin + n`` of ``xs =
+    (q, k, u)`` ``[B', T', H, dk]`` from the ``(Aᵀ, z)`` ``a0, z0`` ``[B', H, ·]``: the
+    per-token ``k̂, α̂, (α̂ᵀq, z_tᵀq), s, (1 + uᵀs, δ, ‖α‖, ‖k‖)`` ``[B'·H, n, ·]``."""
+    q, k, u = xs
+    Bp, Tp, H, dk = q.shape
+    BH, bk, plan, config = Bp * H, _pow2(dk), adj.run.plan, adj.run.config
+    acc, acc_tl = _acc(q.dtype)
+    dev = q.device
+    kh, ah, sv = (torch.empty(BH, n, bk, dtype=acc, device=dev) for _ in range(3))
+    sc = torch.empty(BH, n, 2, dtype=acc, device=dev)
+    cs = torch.empty(BH, n, 4, dtype=acc, device=dev)
+    a_end = torch.empty(Bp, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
+    z_end = torch.empty(Bp, H, dk, dtype=acc, device=dev)
+    kernels.vla_gate_kernel[(BH,)](
+        q_ptr=q, k_ptr=k, u_ptr=u, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+        a0_ptr=a0, z0_ptr=z0, aT_ptr=a_end, zT_ptr=z_end, p_ptr=adj.params, T=Tp, H=H, DK=dk,
+        nudge_period=adj.period, start=start, t_begin=t_begin, n_steps=n, a_stride=dk, BK=bk,
+        NORM_GATE=config.normalize_gate, ACC=acc_tl, DOWNDATE=int(adj.run.downdate),
+        SPLIT=_split(plan, bk, loads_tile=True), NUDGE=int(_nudge(plan, forward=False)),
+        LOAD_PLAIN=plan.load_plain, PERIOD_LOOP=plan.period_loop, num_warps=plan.gate_warps,
+    )  # fmt: skip
+    return kh, ah, sc, sv, cs
+
+
+def _state_adjoint(
+    adj: _Adjoint, q: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+    gates: tuple[torch.Tensor, ...], cks: torch.Tensor, dS: torch.Tensor, dv_out: torch.Tensor,
+    t_begin: int, n: int,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """:func:`kernels.vla_state_bwd_kernel` over ``t_begin ≤ t < t_begin + n`` of ``q``
+    ``[B', T', H, dk]``, ``v, do`` ``[B', T', H, dv']`` with the gates ``(k̂, α̂, scalars)``
+    ``[B'·H, n, ·]``, the ``Sᵀ`` checkpoints ``cks`` ``[B'·H, ·, dk, dv']`` and ``dSᵀ`` after
+    the span ``[B'·H, dk, dv']``; writes ``dv_out``.  Returns the value-row sums ``(Σ S_tᵀdr,
+    Σ dSᵀe, Σ −S_{t-1}ᵀde)`` ``[3, B'·H, n, BK]``, ``Σ doᵀS_t q`` ``[B'·H, n]`` and ``dSᵀ``
+    before the span."""
+    Bp, Tp, H, dk = q.shape
+    dvp = v.shape[-1]
+    BH, bk, plan, config = Bp * H, _pow2(dk), adj.run.plan, adj.run.config
+    every, bv = adj.run.checkpoint_every, plan.bwd_block_v
+    nv = _cdiv(dvp, bv)
+    acc, acc_tl = _acc(q.dtype)
+    dev = q.device
+    kh, ah, sc = gates
+    e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
+    parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
+    dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
+    dS_begin = torch.empty(BH, dk, dvp, dtype=acc, device=dev)
+    kernels.vla_state_bwd_kernel[(nv, BH)](
+        q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, cks_ptr=cks, dsT_ptr=dS,
+        e_ptr=e, dv_ptr=dv_out, dqp_ptr=parts[0], dahp_ptr=parts[1], dkhp_ptr=parts[2],
+        dnp_ptr=dn_parts, ds0_ptr=dS_begin, p_ptr=adj.params, T=Tp, H=H, DK=dk, DV=dvp,
+        CK=every, NC=cks.numel() // (BH * dk * dvp), t_begin=t_begin, n_steps=n, BK=bk, BV=bv,
+        NORM_OUT=config.normalize_output, ACC=acc_tl, num_warps=plan.state_bwd_warps,
+    )  # fmt: skip
+    sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
+    dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
+    return sums, dn_sum, dS_begin
+
+
+def _penalty_adjoint(
+    adj: _Adjoint, xs: tuple[torch.Tensor, ...], chain: tuple[torch.Tensor, ...],
+    sums: tuple[torch.Tensor, torch.Tensor], cka: torch.Tensor, ckz: torch.Tensor,
+    dA: torch.Tensor, dz: torch.Tensor, outs: tuple[torch.Tensor, ...], t_begin: int, n: int,
+    start: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`kernels.vla_gate_bwd_kernel` over ``t_begin ≤ t < t_begin + n`` of ``xs = (q, k,
+    u)`` ``[B', T', H, dk]``, from the rerun's ``chain`` (:func:`_rerun`), the state adjoint's
+    ``sums`` (:func:`_state_adjoint`), the ``(Aᵀ, z)`` checkpoints ``[B'·H, ·, ·]`` and ``dAᵀ,
+    dz`` after the span; writes ``outs = (dq, dk, du)``.  Returns ``dAᵀ, dz`` before it."""
+    q, k, u = xs
+    Bp, Tp, H, dk = q.shape
+    BH, bk, run = Bp * H, _pow2(dk), adj.run
+    acc, acc_tl = _acc(q.dtype)
+    kh, ah, sc, sv, cs = chain
+    parts, dn = sums
+    dA_begin = torch.empty(BH, dk, dk, dtype=acc, device=q.device)
+    dz_begin = torch.empty(BH, dk, dtype=acc, device=q.device)
+    kernels.vla_gate_bwd_kernel[(BH,)](
+        q_ptr=q, k_ptr=k, u_ptr=u, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+        dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, cka_ptr=cka,
+        ckz_ptr=ckz, daT_ptr=dA, dzT_ptr=dz, dq_ptr=outs[0], dk_ptr=outs[1], du_ptr=outs[2],
+        da0_ptr=dA_begin, dz0_ptr=dz_begin, p_ptr=adj.params, T=Tp, H=H, DK=dk,
+        nudge_period=adj.period, start=start, CK=run.checkpoint_every,
+        NC=ckz.numel() // (BH * dk) - 1, t_begin=t_begin, n_steps=n, BK=bk,
+        NORM_GATE=run.config.normalize_gate, NORM_OUT=run.config.normalize_output, ACC=acc_tl,
+        BUG=int(run.bug), DOWNDATE=int(run.downdate), num_warps=run.plan.gate_bwd_warps,
+    )  # fmt: skip
+    return dA_begin, dz_begin
+
+
+def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _Cotangents:
+    """The adjoint over ``t_begin ≤ t < t_begin + n`` in one pass per (b, h), from the
+    cotangents ``(dSᵀ, dAᵀ, dz)`` after the span to those before it: the gate rerun from the
+    span's checkpoint, the state adjoint, the penalty adjoint."""
+    B, _, H, dk = adj.q.shape
+    xs = (adj.q, adj.k, adj.u)
+    c = t_begin // adj.run.checkpoint_every
+    chain = _rerun(adj, xs, adj.cka[:, :, c].contiguous(), adj.ckz[:, :, c].contiguous(),
+                   t_begin, n, adj.start)  # fmt: skip
+    dS, dA, dz = cot
+    *sums, dS_begin = _state_adjoint(
+        adj, adj.q, adj.v, adj.do, chain[:3], adj.cks, dS, adj.dv, t_begin, n
+    )
+    dA_begin, dz_begin = _penalty_adjoint(
+        adj, xs, chain, (sums[0], sums[1]), adj.cka, adj.ckz, dA, dz,
+        (adj.dq, adj.dk, adj.du), t_begin, n, adj.start,
+    )  # fmt: skip
+    return (dS_begin.reshape(B, H, dk, -1), dA_begin.reshape(B, H, dk, dk),
+            dz_begin.reshape(B, H, dk))  # fmt: skip
+
+
+def _sym(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (x + x.mT)
+
+
+def _state_block_ends(dS_T: torch.Tensor, KT: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``dSᵀ`` after every block ``[B, blocks, H, dk, dv]`` (float64) from ``dSᵀ`` after the
+    last ``[B, H, dk, dv]``, each block's ``Kᵀ`` and adjoint from zero ``[B, blocks, H, ·, ·]``:
+    ``dSᵀ_end(b − 1) = Kᵀ_b dSᵀ_end(b) + ℓ_b`` (:func:`_blocked_span`)."""
+    ends = [dS_T.double()]
+    for b in range(KT.shape[1] - 1, 0, -1):
+        ends.append(KT[:, b].double() @ ends[-1] + local[:, b].double())
+    return torch.stack(ends[::-1], dim=1)
+
+
+def _penalty_block_ends(
+    dA_T: torch.Tensor, dz_T: torch.Tensor, JT: torch.Tensor, local_A: torch.Tensor,
+    local_z: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``dAᵀ`` and ``dz`` after every block (float64, ``[B, blocks, H, ·]``) from those after
+    the last, each block's ``Jᵀ`` and adjoint from zero: ``Σ_end(b − 1) = Jᵀ_b Σ_end(b) J_b +
+    sym(ℓ_b)``, ``dz_end(b − 1) = dz_end(b) + ℓ_z``; the last block takes the whole ``dA``, its
+    antisymmetric part included (:func:`_blocked_span`)."""
+    JT = JT.double()
+    sigma, zs = [_sym(dA_T.double())], [dz_T.double()]
+    for b in range(JT.shape[1] - 1, 0, -1):
+        sigma.append(JT[:, b] @ sigma[-1] @ JT[:, b].mT + _sym(local_A[:, b].double()))
+        zs.append(zs[-1] + local_z[:, b].double())
+    sigma[0] = dA_T.double()
+    return torch.stack(sigma[::-1], dim=1), torch.stack(zs[::-1], dim=1)
+
+
+def _join_penalty_blocks(dA_begin: torch.Tensor) -> torch.Tensor:
+    """``dAᵀ_0`` ``[B, H, dk, dk]`` from every block's ``dAᵀ`` before it ``[B, blocks, H, dk,
+    dk]`` (second pass): the first block's, plus the antisymmetric part that each later block
+    added, which passes the earlier blocks unchanged (:func:`_blocked_span`)."""
+    later = dA_begin[:, 1:]
+    return dA_begin[:, 0] + 0.5 * (later - later.mT).sum(dim=1)
+
+
+def _blocked_span(
+    adj: _Adjoint, t_begin: int, blocks: int, L: int, cot: _Cotangents
+) -> _Cotangents | None:
+    """The adjoint over ``t_begin ≤ t < t_begin + blocks·L`` with its ``blocks`` blocks of
+    ``L`` tokens side by side, each one more batch element (``L`` a multiple of the checkpoint
+    interval and of the nudge period, so that every block starts at a checkpoint with the same
+    nudge clock).  ``None`` where a Sherman–Morrison denominator was floored in the span (then
+    the penalty adjoint is not the congruence below; the caller runs the span in one pass).
+
+    Every cotangent of spec §2.3 propagates linearly backwards, so each block's adjoint is an
+    affine map of the cotangent after the block:
+
+    - ``dS_start = dS_end K + ℓ_S`` with ``K = Π_t (I − α̂_t k̂_tᵀ)`` (later tokens first);
+    - ``dz_start = dz_end + ℓ_z``;
+    - the symmetric part of ``dA``: ``Σ_start = Jᵀ Σ_end J + sym(ℓ_A)`` with the
+      Sherman–Morrison step's Jacobian ``J = Π_t N_t``, ``N_t = I − s_t u_tᵀ/δ_t`` (later tokens
+      first; the nudge's Jacobian is the identity).  An antisymmetric ``dA`` passes a step
+      unchanged and changes no input's gradient (the step reads ``dA + dAᵀ`` and ``sᵀdA s``):
+      each block's own antisymmetric part is added to ``dA_0`` at the end.
+
+    ``ℓ`` is a block's adjoint from zero cotangents.  ``K`` and ``J`` come from the state
+    adjoint kernel run on the identity (``dS_end = I`` with ``do = 0`` walks ``dS ← dS(I −
+    α̂k̂ᵀ)``; with ``k̂ → u``, ``α̂ → s/δ`` it walks ``dS ← dS N_t``).  A scan over the blocks
+    gives each block's true cotangents after it, and a second pass of every block from them
+    gives all gradients.  The penalty adjoint runs twice, everything else once, over ``blocks``
+    times as many programs."""
+    run = adj.run
+    B, _, H, dk = adj.q.shape
+    dv = adj.v.shape[-1]
+    Bp, n = B * blocks, blocks * L
+    every = run.checkpoint_every
+    per = L // every  # checkpoints per block
+    c0 = t_begin // every
+    acc = _acc(adj.q.dtype)[0]
+    dev = adj.q.device
+
+    def fold(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, d] -> [B·blocks, L, H, d]
+        return x[:, t_begin : t_begin + n].reshape(Bp, L, H, x.shape[-1])
+
+    def unfold(x: torch.Tensor) -> torch.Tensor:  # [B·blocks·H, ...] -> [B, blocks, H, ...]
+        return x.reshape(B, blocks, H, *x.shape[1:])
+
+    q, k, v, u, do = (fold(x) for x in (adj.q, adj.k, adj.v, adj.u, adj.do))
+    xs = (q, k, u)
+    # Block b's checkpoints: slots c0 + b·per + j; the A and z slots run one past its end.
+    slots = c0 + per * torch.arange(blocks, device=dev)[:, None] + torch.arange(per + 1, device=dev)
+    cks = adj.cks[:, :, c0 : c0 + blocks * per].reshape(B, H, blocks, per, dk, dv)
+    cks = cks.transpose(1, 2).contiguous()
+    cka = adj.cka[:, :, slots].transpose(1, 2).contiguous()  # [B, blocks, H, per + 1, dk, dk]
+    ckz = adj.ckz[:, :, slots].transpose(1, 2).contiguous()
+    start = (adj.start + t_begin) % adj.period if adj.period != _NEVER else 0
+    chain = _rerun(adj, xs, cka[:, :, :, 0].reshape(Bp, H, dk, dk).contiguous(),
+                   ckz[:, :, :, 0].reshape(Bp, H, dk).contiguous(), 0, L, start)  # fmt: skip
+    kh, ah, sc, sv, cs = chain
+    if not bool((cs[..., 0] > run.config.sm_floor).all()):
+        return None
+    bk = kh.shape[-1]
+    eye = torch.eye(dk, dtype=acc, device=dev)
+
+    # 1. The state adjoint from zero, and K: values [v | 0], cotangents [do | 0], dS_end [0 | I].
+    wide = torch.zeros(Bp, L, H, dv + dk, dtype=adj.v.dtype, device=dev)
+    wide_do = torch.zeros_like(wide)
+    wide_do[..., :dv] = do
+    dS_end = torch.zeros(Bp * H, dk, dv + dk, dtype=acc, device=dev)
+    dS_end[:, :, dv:] = eye
+    wide_ck = torch.zeros(Bp * H * per, dk, dv + dk, dtype=acc, device=dev)
+    *_, dS_zero = _state_adjoint(adj, q, wide, wide_do, (kh, ah, sc), wide_ck, dS_end,
+                                 torch.empty_like(wide), 0, L)  # fmt: skip
+    local_S, KT = unfold(dS_zero[:, :, :dv]), unfold(dS_zero[:, :, dv:])  # Kᵀ: dSᵀ ← Kᵀ dSᵀ
+    # 2. J by the same kernel: k̂ → u, α̂ → s/δ, dS_end = I.
+    u_rows = torch.zeros(Bp * H, L, bk, dtype=acc, device=dev)
+    u_rows[:, :, :dk] = u.permute(0, 2, 1, 3).reshape(Bp * H, L, dk)
+    s_rows = sv / cs[..., 1:2]
+    square = torch.zeros(Bp, L, H, dk, dtype=adj.v.dtype, device=dev)
+    *_, JT = _state_adjoint(adj, q, square, square, (u_rows, s_rows, sc),
+                            torch.zeros(Bp * H * per, dk, dk, dtype=acc, device=dev),
+                            eye.expand(Bp * H, dk, dk).contiguous(), torch.empty_like(square),
+                            0, L)  # fmt: skip
+    JT = unfold(JT)  # Jᵀ, since the kernel returns dSᵀ = (I·J)ᵀ
+    # 3. The state scan, then the state adjoint of every block from its true dS_end.
+    dS_T, dA_T, dz_T = cot  # [B, H, ·]
+    dS_ends = _state_block_ends(dS_T, KT, local_S).to(acc).reshape(Bp * H, dk, dv)
+    dv_f = torch.empty_like(v)
+    *sums, dS_begin = _state_adjoint(adj, q, v, do, (kh, ah, sc), cks, dS_ends, dv_f, 0, L)
+    # 4. The penalty adjoint from zero, the scan of Σ and dz, the second pass.
+    outs = tuple(torch.empty_like(x) for x in (q, k, u))
+    zeros_A = torch.zeros(Bp * H, dk, dk, dtype=acc, device=dev)
+    zeros_z = torch.zeros(Bp * H, dk, dtype=acc, device=dev)
+    local_A, local_z = _penalty_adjoint(adj, xs, chain, (sums[0], sums[1]), cka, ckz, zeros_A,
+                                        zeros_z, outs, 0, L, start)  # fmt: skip
+    dA_ends, dz_ends = _penalty_block_ends(dA_T, dz_T, JT, unfold(local_A), unfold(local_z))
+    dA_ends, dz_ends = dA_ends.to(acc).reshape(Bp * H, dk, dk), dz_ends.to(acc).reshape(Bp * H, dk)
+    dA_begin, dz_begin = _penalty_adjoint(adj, xs, chain, (sums[0], sums[1]), cka, ckz, dA_ends,
+                                          dz_ends, outs, 0, L, start)  # fmt: skip
+    for grad, out in zip((adj.dq, adj.dk, adj.du, adj.dv), (*outs, dv_f), strict=True):
+        grad[:, t_begin : t_begin + n] = out.reshape(B, n, H, out.shape[-1])
+    dA_0 = _join_penalty_blocks(unfold(dA_begin))
+    return (unfold(dS_begin)[:, 0].reshape(B, H, dk, dv), dA_0.reshape(B, H, dk, dk),
+            unfold(dz_begin)[:, 0].reshape(B, H, dk))  # fmt: skip
+
+
+def _spans(T: int, seg: int, unit: int, blocks: int) -> list[tuple[int, int, int]]:
+    """The backward's spans, last first, as ``(t_begin, blocks, L)`` (``blocks = 1``: one pass
+    over ``L`` tokens): segments of at most ``seg`` tokens (whole checkpoint intervals); a
+    segment runs as ``blocks`` blocks of ``L`` tokens, ``L`` a multiple of ``unit``, where at
+    least :data:`_MIN_ADJOINT_BLOCKS` fit, its remainder in one pass first."""
+    spans = []
+    for t_begin in reversed(range(0, T, seg)):
+        n = min(seg, T - t_begin)
+        nb = min(blocks, n // unit)
+        if blocks == 1 or nb < min(blocks, _MIN_ADJOINT_BLOCKS) or nb < 2:
+            spans.append((t_begin, 1, n))
+            continue
+        L = n // (nb * unit) * unit
+        if n > nb * L:
+            spans.append((t_begin + nb * L, 1, n - nb * L))
+        spans.append((t_begin, nb, L))
+    return spans
 
 
 def _backward(
@@ -479,87 +808,50 @@ def _backward(
     final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     run: _Run,
 ) -> _Grads:
-    """The adjoint in three kernels per segment of ``L`` tokens (``L`` a multiple of the
-    checkpoint interval), segments in reverse order, ``dS, dA, dz`` carried between them:
+    """The adjoint of spec §2.3, span by span from the end (:func:`_spans`), ``dS, dA, dz``
+    carried between spans.  A span in one pass (:func:`_sequential_span`) is three kernels:
 
-    1. :func:`kernels.vla_gate_kernel` reruns the gate pass from the segment's ``(A, z)``
-       checkpoint, for the segment's ``k̂, α̂, s`` and scalars;
+    1. :func:`kernels.vla_gate_kernel` reruns the gate pass from the span's ``(A, z)``
+       checkpoint, for the span's ``k̂, α̂, s`` and scalars;
     2. :func:`kernels.vla_state_bwd_kernel`, one program per (b, h) and value block: the state
        adjoint, with per-block partial sums of the vectors the penalty half needs;
     3. :func:`kernels.vla_gate_bwd_kernel`, one program per (b, h): the penalty adjoint from the
        summed partials and the rerun's vectors, walking each chunk back from the next
        checkpoint (the forward stores the final state as one more).
 
-    ``L`` keeps the partial sums (``4·NV·B·H·L·BK`` floats) under :data:`_SEGMENT_FLOATS`.
-    Returns ``dq, dk, dv, du`` (inputs' dtype) and ``dS_0, dA_0, dz_0`` (accumulation dtype).
+    With ``plan.adjoint_blocks > 1`` a long span runs as blocks side by side
+    (:func:`_blocked_span`).  Segments keep the partial sums (``4·NV·B·H·L·BK`` floats) under
+    :data:`_SEGMENT_FLOATS`.  Returns ``dq, dk, dv, du`` (inputs' dtype) and ``dS_0, dA_0,
+    dz_0`` (accumulation dtype).
     """
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     BH = B * H
-    acc, acc_tl = _acc(q.dtype)
-    dev = q.device
+    acc = _acc(q.dtype)[0]
     plan, config, every = run.plan, run.config, run.checkpoint_every
-    bk, bv = _pow2(dk), plan.bwd_block_v
-    nv = _cdiv(dv, bv)
-    nc = _cdiv(T, every)
-    seg = _SEGMENT_FLOATS // (4 * nv * BH * bk)
+    bk, nv = _pow2(dk), _cdiv(dv, plan.bwd_block_v)
+    # The blocked span's widest state adjoint has dv + dk value rows.
+    rows = nv if plan.adjoint_blocks == 1 else _cdiv(dv + dk, plan.bwd_block_v)
+    seg = _SEGMENT_FLOATS // (4 * rows * BH * bk)
     seg = max(every, seg // every * every)
-    cks, cka, ckz = ck
-    params = _params(config, acc, dev)
     period, start = _clock(config, run.start)
-    dq, dk_, du = (torch.empty_like(x) for x in (q, k, u))
-    dv_ = torch.empty_like(v)
+    cks, cka, ckz = ck
+    adj = _Adjoint(
+        q=q, k=k, v=v, u=u, do=do, cks=cks, cka=cka, ckz=ckz, dq=torch.empty_like(q),
+        dk=torch.empty_like(k), dv=torch.empty_like(v), du=torch.empty_like(u), run=run,
+        params=_params(config, acc, q.device), period=period, start=start,
+    )  # fmt: skip
+    unit = every if period == _NEVER else every * period // math.gcd(every, period)
     # dSᵀ, dAᵀ: the kernels' memory layout, like the checkpoints (cks holds Sᵀ [dk, dv]).
-    dS, dA, dz = final[0].mT.contiguous(), final[1].mT.contiguous(), final[2]
-    e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
-    a_end = torch.empty(B, H, dk, dk, dtype=acc, device=dev)  # the rerun's end state, unused
-    z_end = torch.empty(B, H, dk, dtype=acc, device=dev)
-    rerun = {
-        "BK": bk, "NORM_GATE": config.normalize_gate, "ACC": acc_tl,
-        "DOWNDATE": int(run.downdate), "SPLIT": _split(plan, bk, loads_tile=True),
-        "NUDGE": int(_nudge(plan, forward=False)), "LOAD_PLAIN": plan.load_plain,
-        "PERIOD_LOOP": plan.period_loop, "num_warps": plan.gate_warps,
-    }  # fmt: skip
-    for t_begin in reversed(range(0, T, seg)):
-        n = min(seg, T - t_begin)
-        c = t_begin // every
-        kh = torch.empty(BH, n, bk, dtype=acc, device=dev)
-        ah = torch.empty(BH, n, bk, dtype=acc, device=dev)
-        sc = torch.empty(BH, n, 2, dtype=acc, device=dev)
-        sv = torch.empty(BH, n, bk, dtype=acc, device=dev)
-        cs = torch.empty(BH, n, 4, dtype=acc, device=dev)
-        kernels.vla_gate_kernel[(BH,)](
-            q_ptr=q, k_ptr=k, u_ptr=u, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
-            a0_ptr=cka[:, :, c].contiguous(), z0_ptr=ckz[:, :, c].contiguous(), aT_ptr=a_end,
-            zT_ptr=z_end, p_ptr=params, T=T, H=H, DK=dk, nudge_period=period, start=start,
-            t_begin=t_begin, n_steps=n, a_stride=dk, **rerun,
-        )  # fmt: skip
-        parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
-        dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
-        dS_begin = torch.empty(B, H, dk, dv, dtype=acc, device=dev)
-        kernels.vla_state_bwd_kernel[(nv, BH)](
-            q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, cks_ptr=cks,
-            dsT_ptr=dS, e_ptr=e, dv_ptr=dv_, dqp_ptr=parts[0], dahp_ptr=parts[1],
-            dkhp_ptr=parts[2], dnp_ptr=dn_parts, ds0_ptr=dS_begin, p_ptr=params, T=T, H=H,
-            DK=dk, DV=dv, CK=every, NC=nc, t_begin=t_begin, n_steps=n, BK=bk, BV=bv,
-            NORM_OUT=config.normalize_output, ACC=acc_tl, num_warps=plan.state_bwd_warps,
-        )  # fmt: skip
-        sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
-        dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
-        dA_begin = torch.empty(B, H, dk, dk, dtype=acc, device=dev)
-        dz_begin = torch.empty(B, H, dk, dtype=acc, device=dev)
-        kernels.vla_gate_bwd_kernel[(BH,)](
-            q_ptr=q, k_ptr=k, u_ptr=u, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
-            dqs_ptr=sums[0], dahs_ptr=sums[1], dkhs_ptr=sums[2], dns_ptr=dn_sum, cka_ptr=cka,
-            ckz_ptr=ckz, daT_ptr=dA, dzT_ptr=dz, dq_ptr=dq, dk_ptr=dk_, du_ptr=du,
-            da0_ptr=dA_begin, dz0_ptr=dz_begin, p_ptr=params, T=T, H=H, DK=dk,
-            nudge_period=period, start=start, CK=every, NC=nc, t_begin=t_begin, n_steps=n,
-            BK=bk, NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output,
-            ACC=acc_tl, BUG=int(run.bug), DOWNDATE=int(run.downdate),
-            num_warps=plan.gate_bwd_warps,
-        )  # fmt: skip
-        dS, dA, dz = dS_begin, dA_begin, dz_begin
-    return dq, dk_, dv_, du, dS.mT.contiguous(), dA.mT.contiguous(), dz
+    cot: _Cotangents = (final[0].mT.contiguous(), final[1].mT.contiguous(), final[2])
+    for t_begin, blocks, L in _spans(T, seg, unit, plan.adjoint_blocks):
+        done = None if blocks == 1 else _blocked_span(adj, t_begin, blocks, L, cot)
+        if done is None:
+            n = L if blocks == 1 else blocks * L
+            done = _sequential_span(adj, t_begin, n, cot)
+        cot = done
+    dS, dA, dz = cot
+    return adj.dq, adj.dk, adj.dv, adj.du, dS.mT.contiguous(), dA.mT.contiguous(), dz
 
 
 class FusedRecurrentVLAFunction(torch.autograd.Function):
