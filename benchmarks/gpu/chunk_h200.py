@@ -8,7 +8,8 @@ float64.  Then ``triton.testing.do_bench`` medians, B = 1, H = 16, bf16, paper p
 and 128, T ∈ {1k, 4k, 16k, 64k}: ``vla_triton_chunked``, ``vla_triton_fused``,
 ``fla_chunk_delta``, ``fla_chunk_dplr``, ``sdpa`` (records as in ``fused.json``); the kernel
 breakdown of the chunked forward (torch.profiler); penalty-chain variants; the overhead of
-:func:`vla_verify.ops.vla` at T = 1024.
+:func:`vla_verify.ops.vla` at T = 1024.  ``--adjoint``: only the adjoint in blocks against
+one pass (:func:`adjoint`, into the same file under ``"adjoint"``).
 
 Usage: ``python benchmarks/gpu/chunk_h200.py --out DIR --commit SHA [--quick]``;
 ``TRITON_INTERPRET=1 python benchmarks/gpu/chunk_h200.py --out DIR --smoke`` runs every step on
@@ -50,6 +51,9 @@ RUN: dict[str, Any] = {
     # recurrent kernel's adjoint from the chunked forward's checkpoints).
     "fwdbwd_chunked_max_T": 16384,
     "overhead_T": 1024,
+    # The blocked adjoint against one pass: gradients at adjoint_check, times at adjoint_sizes.
+    "adjoint_check": (64, 4096),
+    "adjoint_sizes": ((64, 4096), (64, 16384), (128, 16384)),
 }
 SMOKE = {
     "device": "cpu",
@@ -70,6 +74,8 @@ SMOKE = {
     "long_variant_blocks": (16,),
     "fwdbwd_chunked_max_T": 64,
     "overhead_T": 64,
+    "adjoint_check": (16, 160),
+    "adjoint_sizes": ((16, 160),),
 }
 
 
@@ -666,6 +672,78 @@ def minimal(out: dict[str, Any]) -> None:
                 RUN["path"].write_text(json.dumps(out, indent=1))
 
 
+def adjoint(out: dict[str, Any]) -> None:
+    """The adjoint in blocks side by side (``RecurrentPlan.adjoint_blocks``, the plan's rule)
+    against one pass (``adjoint_blocks = 1``), paper preset, B = 1, H = grid_H.
+
+    Correctness first: float32 gradients of the recurrent backend in both modes against its
+    float64 one-pass gradients at ``adjoint_check``; blocked must err at most twice what one
+    pass errs plus the float32 floor.  Then forward + backward times of both VLA backends in
+    both modes beside SDPA and fla's chunk kernels (``_grid_fwdbwd_fns``), in one run."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_fused as fused
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    res: dict[str, Any] = {"check": {}, "records": []}
+    out["adjoint"] = res
+    H, dev = RUN["grid_H"], RUN["device"]
+    rule = fused._adjoint_blocks
+
+    def mode(blocked: bool) -> None:
+        fused._adjoint_blocks = rule if blocked else (lambda B, H, device: 1)  # type: ignore[assignment]
+        fused.plan_for.cache_clear()
+
+    def grads(x: dict[str, Any], dtype: Any, blocked: bool) -> list[Any]:
+        mode(blocked)
+        leaves = [x[n].to(dtype).detach().requires_grad_(True) for n in "qkvu"]
+        o, _ = fused.fused_recurrent_vla(*leaves, config=cfg)
+        return list(torch.autograd.grad(o, leaves, x["do"].to(dtype)))
+
+    D, T = RUN["adjoint_check"]
+    x = _inputs(1, T, H, D, torch.float32, dev)
+    ref = grads(x, torch.float64, blocked=False)
+    one, blocked = grads(x, torch.float32, False), grads(x, torch.float32, True)
+    eps = float(torch.finfo(torch.float32).eps)
+    for name, r, a, b in zip("qkvu", ref, one, blocked, strict=True):
+        err_one = float((a.double() - r).abs().max())
+        err_blocked = float((b.double() - r).abs().max())
+        budget = 2 * err_one + (D + 2) * eps * float(r.abs().max())
+        res["check"][name] = {"one_pass_error": err_one, "blocked_error": err_blocked,
+                              "budget": budget, "passed": err_blocked <= budget}  # fmt: skip
+    res["check"]["D"], res["check"]["T"] = D, T
+    res["check"]["blocks"] = rule(1, H, torch.device(dev))
+    _log("adjoint check", res["check"])
+    del x, ref, one, blocked
+    for D, T in RUN["adjoint_sizes"]:
+        x = _inputs(1, T, H, D, torch.float32 if RUN["smoke"] else torch.bfloat16, dev)
+        for blocked in (False, True):
+            mode(blocked)
+            fns = _grid_fwdbwd_fns(x, cfg, T, D)
+            for op, fn in fns.items():
+                if blocked and not op.startswith("vla_"):
+                    continue  # the anchors once
+                try:
+                    ms = time_ms(fn, device=dev)
+                except Exception as exc:
+                    _log("adjoint timing failed", op, D, T, repr(exc)[:400])
+                    continue
+                plan = fused.plan_for(1, H, T, D, D, x["q"].dtype, x["q"].device, True)
+                blocks = plan.adjoint_blocks if op.startswith("vla_") else None
+                rec = {"op": op, "D": D, "T": T, "H": H, "median_ms": ms,
+                       "adjoint_blocks": blocks}  # fmt: skip
+                res["records"].append(rec)
+                _log(rec)
+                if RUN.get("path"):
+                    RUN["path"].write_text(json.dumps(out, indent=1))
+        del x
+        if not RUN["smoke"]:
+            torch.cuda.empty_cache()
+    mode(True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -703,6 +781,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--compile-check", action="store_true", help="first build every kernel configuration"
+    )
+    ap.add_argument(
+        "--adjoint",
+        action="store_true",
+        help="only the blocked adjoint against one pass (gradients, then times)",
     )
     a = ap.parse_args()
     if a.smoke:
@@ -745,6 +828,8 @@ def main() -> None:
         steps.append(short)
     elif a.minimal:
         steps.append(lambda: minimal(out))
+    elif a.adjoint:
+        steps.append(lambda: adjoint(out))
     elif not a.compile_check:
         steps.append(full)
     for step in steps:
