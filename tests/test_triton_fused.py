@@ -185,6 +185,10 @@ def test_plan_for_follows_the_table() -> None:
 # -- every declared option reaches the kernels ---------------------------------------------------
 
 _KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla_gate_bwd_kernel")
+#: The chunked state adjoint's kernels (``chunked_state_adjoint``), recorded too.
+_CHUNKED_KERNELS = (
+    "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel"
+)  # fmt: skip
 
 
 class _Recorder:
@@ -211,7 +215,7 @@ def _launches(monkeypatch: pytest.MonkeyPatch, backend, x, config=None) -> list:
     tf = _fused()
     log: list = []
     with monkeypatch.context() as m:
-        for name in _KERNELS:
+        for name in _KERNELS + _CHUNKED_KERNELS:
             m.setattr(tf.kernels, name, _Recorder(name, log))
         # The recorded kernels write nothing: the outputs are uninitialised memory, which the
         # registry's finite-output check would (rightly) refuse.
@@ -782,6 +786,31 @@ def test_blocked_adjoint_gradients_within_budget() -> None:
             assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
 
 
+@pytest.mark.parametrize("name", list(GRAD_CONFIGS))
+@pytest.mark.parametrize("blocks", [1, 3], ids=["one_pass", "blocked"])
+def test_chunked_state_adjoint_within_budget(name: str, blocks: int) -> None:
+    """The state adjoint by chunk products (checkpoint intervals of 4 tokens padded to 16-wide
+    tiles, a partial last chunk) against the float64 torch backend within the spec §4 budget,
+    float32; in one pass and in blocks (the wider ``[dv | dk]`` run included)."""
+    checks = _grad_check(
+        GRAD_CONFIGS[name], seed=5, dtype=torch.float32, chunked_state_adjoint=True,
+        adjoint_blocks=blocks,
+    )  # fmt: skip
+    for g_name, c in checks:
+        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+@pytest.mark.parametrize(
+    ("bug", "wrong"), [("chunk_triangle_off_by_one", "k"), ("scan_stores_late", "v")]
+)
+def test_chunked_state_adjoint_bug_is_rejected(bug: str, wrong: str) -> None:
+    """The same check fails a chunk kernel whose ``−S_{t-1}ᵀde`` reads the chunk's own token
+    (a diagonal too many) and a scan that stores each chunk's ``dSᵀ`` one chunk late."""
+    config = GRAD_CONFIGS["paper_nudge4"]
+    checks = dict(_grad_check(config, 5, torch.float32, bug=bug, chunked_state_adjoint=True))
+    assert not checks[wrong].passed
+
+
 def test_spans_cover_the_sequence() -> None:
     """Known answers: the tail that no whole block takes runs first, in one pass; segments
     shorter than the fewest worthwhile blocks run in one pass; explicit small block counts are
@@ -864,8 +893,13 @@ def test_planted_backward_bug_is_rejected(monkeypatch: pytest.MonkeyPatch) -> No
 # -- NaN-poisoned buffers, refusals, availability -----------------------------------------------
 
 
-@pytest.mark.parametrize("blocks", [1, 2], ids=["one_pass", "blocked_adjoint"])
-def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, blocks: int) -> None:
+@pytest.mark.parametrize(
+    ("blocks", "chunked"), [(1, False), (2, False), (2, True)],
+    ids=["one_pass", "blocked_adjoint", "blocked_chunked_state_adjoint"],
+)  # fmt: skip
+def test_every_output_buffer_is_written(
+    monkeypatch: pytest.MonkeyPatch, blocks: int, chunked: bool
+) -> None:
     """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
     kernel forgets to write (outputs, states, gradients, scratch read before written) shows; in
     one pass and with the adjoint in two blocks of 4 tokens after a one-token tail."""
@@ -879,7 +913,8 @@ def test_every_output_buffer_is_written(monkeypatch: pytest.MonkeyPatch, blocks:
         ]
         o, (S, A, z) = tf.fused_recurrent_vla(
             *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4,
-            config=VLAConfig(nudge_period=4), plan=_plan(xs[0], xs[2], adjoint_blocks=blocks),
+            config=VLAConfig(nudge_period=4),
+            plan=_plan(xs[0], xs[2], adjoint_blocks=blocks, chunked_state_adjoint=chunked),
         )  # fmt: skip
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         return [o, S, A, z, *grads]

@@ -54,7 +54,7 @@ BUG_UNCHECKED_BLOCK_STARTS = 4
 
 
 @triton.jit
-def _unit_lower_inverse(N, rows, cols, C: tl.constexpr):
+def unit_lower_inverse(N, rows, cols, C: tl.constexpr):
     """``(I + N)^{-1}`` of a strictly lower triangular ``[C, C]`` tile ``N`` by forward
     substitution, row by row: ``T_i = e_i − Σ_{m<i} N_{im} T_m``.  (The product series
     ``Σ (−N)^i`` is exact in exact arithmetic but its powers grow like binomial coefficients
@@ -167,7 +167,7 @@ def penalty_chain_kernel(
         G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
         Lm, d = _ldl_clamped(eye + G, ot, ot, floor, CP)
-        Linv = _unit_lower_inverse(Lm - eye, ot, ot, CP)
+        Linv = unit_lower_inverse(Lm - eye, ot, ot, CP)
         W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
         Ws = W / d[:, None]
         Xm = tl.where(tril, tl.dot(Kh_p, tl.trans(Ws), input_precision="ieee", out_dtype=PD), 0.0)
@@ -250,7 +250,7 @@ def state_prep_kernel(
     Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
     N = tl.dot(Kh, tl.trans(Ag), input_precision=PREC)  # N[t, i] = k̂_t·α̂_i
     N = tl.where(ot[:, None] > ot[None, :], N, 0.0)
-    Tm = _unit_lower_inverse(N, ot, ot, C)
+    Tm = unit_lower_inverse(N, ot, ot, C)
     Kt = tl.dot(Tm, Kh, input_precision=PREC)
     Vt = tl.dot(Tm, V, input_precision=PREC)
     tl.store(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], Kt)

@@ -75,6 +75,8 @@ PLANTED_BUGS: dict[str, Bug] = {
     "backward_drops_dk_term": Bug.DK_SIGN,
     "fold_drops_nudges": Bug.FOLD_DROPS_NUDGES,
     "ignores_start": Bug.IGNORES_START,
+    "chunk_triangle_off_by_one": Bug.CHUNK_TRIANGLE,
+    "scan_stores_late": Bug.SCAN_STORES_LATE,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -151,7 +153,9 @@ class RecurrentPlan:
     (:func:`~.triton_fused_kernels.vla_state_bwd_kernel`), ``gate_bwd_warps``
     (:func:`~.triton_fused_kernels.vla_gate_bwd_kernel`), ``adjoint_blocks`` (how many blocks
     of tokens the adjoint runs side by side, each as one more batch element; 1 = one pass
-    through the sequence: :func:`_blocked_span`).
+    through the sequence: :func:`_blocked_span`), ``chunked_state_adjoint`` (the state adjoint
+    by products over the checkpoint intervals in float32 accumulation:
+    :func:`_state_adjoint_chunked`).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -168,6 +172,7 @@ class RecurrentPlan:
     state_bwd_warps: int
     gate_bwd_warps: int
     adjoint_blocks: int = 1
+    chunked_state_adjoint: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
@@ -187,7 +192,9 @@ class RecurrentPlan:
                 raise UnsupportedConfigurationError(
                     _NAME, f"{name} must be a power of two >= 1, got {value!r}", name
                 )
-        for name in ("nudge_scalar", "period_loop", "load_plain", "nudge_branch"):
+        for name in (
+            "nudge_scalar", "period_loop", "load_plain", "nudge_branch", "chunked_state_adjoint"
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise UnsupportedConfigurationError(
                     _NAME, f"{name} must be a bool, got {getattr(self, name)!r}", name
@@ -571,6 +578,8 @@ def _state_adjoint(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     kh, ah, sc = gates
+    if _chunked_state_adjoint(adj.run, q.dtype):
+        return _state_adjoint_chunked(adj, q, v, do, gates, cks, dS, dv_out, t_begin, n)
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
     dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
@@ -581,6 +590,72 @@ def _state_adjoint(
         dnp_ptr=dn_parts, ds0_ptr=dS_begin, p_ptr=adj.params, T=Tp, H=H, DK=dk, DV=dvp,
         CK=every, NC=cks.numel() // (BH * dk * dvp), t_begin=t_begin, n_steps=n, BK=bk, BV=bv,
         NORM_OUT=config.normalize_output, ACC=acc_tl, num_warps=plan.state_bwd_warps,
+    )  # fmt: skip
+    sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
+    dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
+    return sums, dn_sum, dS_begin
+
+
+#: Longest checkpoint interval the chunked state adjoint takes as its chunk (``[C, C]`` tiles).
+_MAX_STATE_ADJOINT_CHUNK = 64
+
+
+def _chunked_state_adjoint(run: _Run, dtype: torch.dtype) -> bool:
+    """Whether the state adjoint runs in chunks (:func:`_state_adjoint_chunked`): where the plan
+    asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle) and
+    with checkpoints at most :data:`_MAX_STATE_ADJOINT_CHUNK` tokens apart (the chunks)."""
+    return (
+        run.plan.chunked_state_adjoint
+        and _acc(dtype)[0] == torch.float32
+        and run.checkpoint_every <= _MAX_STATE_ADJOINT_CHUNK
+    )
+
+
+def _state_adjoint_chunked(
+    adj: _Adjoint, q: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+    gates: tuple[torch.Tensor, ...], cks: torch.Tensor, dS: torch.Tensor, dv_out: torch.Tensor,
+    t_begin: int, n: int,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """:func:`_state_adjoint` (same arguments, same results) by the chunked kernels: the
+    checkpoint intervals are the chunks, ``T_c, W, U`` prepared for all chunks at once
+    (:func:`kernels.vla_state_bwd_prep_kernel`), ``dSᵀ`` through the chunks in sequence
+    (:func:`kernels.vla_state_bwd_scan_kernel`, two products a chunk), then every chunk's
+    per-token adjoint in parallel (:func:`kernels.vla_state_bwd_chunk_kernel`); products of
+    float32 operands, ``ieee`` for float32 inputs and ``tf32`` for 16-bit ones (the chunked
+    forward's rule).  The derivation is in the kernels' module."""
+    Bp, Tp, H, dk = q.shape
+    dvp = v.shape[-1]
+    BH, bk, plan, config = Bp * H, _pow2(dk), adj.run.plan, adj.run.config
+    every, bv = adj.run.checkpoint_every, plan.bwd_block_v
+    nv = _cdiv(dvp, bv)
+    bc = _pow2(every)
+    chunks = _cdiv(n, every)
+    acc = torch.float32
+    dev = q.device
+    kh, ah, sc = gates
+    common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "DV": dvp, "CK": every,
+              "t_begin": t_begin, "n_steps": n, "BK": bk, "BV": bv, "BC": bc,
+              "NORM_OUT": config.normalize_output, "ACC": tl.float32,
+              "PREC": "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"}  # fmt: skip
+    tm = torch.empty(BH, chunks, bc, bc, dtype=acc, device=dev)
+    w = torch.empty(BH, chunks * bc, bk, dtype=acc, device=dev)
+    u = torch.empty(BH, chunks * bc, nv * bv, dtype=acc, device=dev)
+    kernels.vla_state_bwd_prep_kernel[(chunks, BH)](
+        q_ptr=q, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm, w_ptr=w, u_ptr=u, NV=nv,
+        **common,
+    )  # fmt: skip
+    x_end = torch.empty(BH, chunks, dk, dvp, dtype=acc, device=dev)
+    dS_begin = torch.empty(BH, dk, dvp, dtype=acc, device=dev)
+    kernels.vla_state_bwd_scan_kernel[(nv, BH)](
+        q_ptr=q, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, w_ptr=w, u_ptr=u, dsT_ptr=dS,
+        xend_ptr=x_end, ds0_ptr=dS_begin, NV=nv, BUG=int(adj.run.bug), **common,
+    )  # fmt: skip
+    parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
+    dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
+    kernels.vla_state_bwd_chunk_kernel[(chunks, BH, nv)](
+        q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm, cks_ptr=cks,
+        xend_ptr=x_end, dv_ptr=dv_out, dqp_ptr=parts[0], dahp_ptr=parts[1], dkhp_ptr=parts[2],
+        dnp_ptr=dn_parts, NC=cks.numel() // (BH * dk * dvp), BUG=int(adj.run.bug), **common,
     )  # fmt: skip
     sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
     dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]

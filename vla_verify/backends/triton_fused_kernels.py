@@ -2,8 +2,9 @@
 
 Only kernels live here (``@triton.jit`` functions and their named constants); the launches, the
 plan, the autograd Function and the registry backend are in
-:mod:`vla_verify.backends.triton_fused`.  Nothing is imported from the oracle or from the other
-backends (spec §4 independence): every line of the recurrence is written out below.
+:mod:`vla_verify.backends.triton_fused`.  Nothing is imported from the oracle (spec §4
+independence): every line of the recurrence is written out below; the chunked state adjoint
+shares the unit lower triangular inverse of the chunked backend's kernels.
 
 The step of spec §2.3 is cut at the gate into two halves that run in different programs:
 
@@ -53,10 +54,13 @@ from enum import IntEnum
 import triton
 import triton.language as tl
 
+from .triton_chunked_kernels import unit_lower_inverse as _unit_lower_inverse
+
 
 class Bug(IntEnum):
     """Planted bugs, for the meta-tests that show the checks can fail (``BUG`` constexpr; never
-    set otherwise).  Each sits in the code path the default plan runs."""
+    set otherwise).  Each sits in the code path the default plan runs, the last two in the
+    chunked state adjoint's (``RecurrentPlan.chunked_state_adjoint``)."""
 
     NONE = 0
     GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
@@ -64,6 +68,8 @@ class Bug(IntEnum):
     DK_SIGN = 3  # backward: drop the −S_{t-1}ᵀ de term of dk̂
     FOLD_DROPS_NUDGES = 4  # NUDGE_SCALAR: each fold zeroes c without adding it to the tile
     IGNORES_START = 5  # the nudge clock restarts at every call (start taken as 0)
+    CHUNK_TRIANGLE = 6  # chunked state adjoint: −S_{t-1}ᵀde reads e_t too (tril for stril)
+    SCAN_STORES_LATE = 7  # chunked state adjoint: dSᵀ after a chunk stored after its update
 
 
 class Downdate(IntEnum):
@@ -91,6 +97,8 @@ BUG_NUDGE_ONE_STEP_LATE = tl.constexpr(int(Bug.NUDGE_ONE_STEP_LATE))
 BUG_DK_SIGN = tl.constexpr(int(Bug.DK_SIGN))
 BUG_FOLD_DROPS_NUDGES = tl.constexpr(int(Bug.FOLD_DROPS_NUDGES))
 BUG_IGNORES_START = tl.constexpr(int(Bug.IGNORES_START))
+BUG_CHUNK_TRIANGLE = tl.constexpr(int(Bug.CHUNK_TRIANGLE))
+BUG_SCAN_STORES_LATE = tl.constexpr(int(Bug.SCAN_STORES_LATE))
 DOWNDATE_EXACT = tl.constexpr(int(Downdate.EXACT))
 DOWNDATE_FMA = tl.constexpr(int(Downdate.FMA))
 NUDGE_SELECT = tl.constexpr(int(Nudge.SELECT))
@@ -946,3 +954,230 @@ def vla_gate_bwd_kernel(
             tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
     tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
     tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
+
+
+# -- the state adjoint in chunks (tensor-core products) -------------------------------------------
+#
+# Over a chunk of C tokens from S_0 (rows t, spec §5's UT form): E = T_c (V − K̂ S_0ᵀ) with
+# T_c = (I + N)^{-1}, N = stril(K̂ Âᵀ).  With X = dSᵀ [dk, dv] after the chunk (the cotangent of
+# S_C) and DR = do/n [C, dv], the per-token adjoint of vla_state_bwd_kernel is, all tokens at once:
+#
+#   DE   = T_cᵀ (Â X + triu(Â Qᵀ) DR)                           the cotangents of e_t (= dv)
+#   X_0  = X + Qᵀ DR − K̂ᵀ DE                                    dSᵀ before the chunk
+#   DQP  = DR S_0 + tril(DR Eᵀ) Â                               S_tᵀ dr_t
+#   DAHP = E Xᵀ + triu(E DRᵀ) Q − striu(E DEᵀ) K̂                dS_tᵀ e_t (dS_t after + dr q)
+#   DKHP = −(DE S_0 + stril(DE Eᵀ) Â)                           −S_{t-1}ᵀ de_t
+#   R    = Q S_0ᵀ + tril(Q Âᵀ) E, dnp = rowsum(do ∘ R)          doᵀ S_t q_t
+#
+# Only X_0 runs through the chunks in sequence (vla_state_bwd_scan_kernel, two products a chunk
+# with W = T_cᵀ Â and U = T_cᵀ triu(Â Qᵀ) DR prepared for all chunks at once); everything else
+# runs per chunk in parallel (vla_state_bwd_chunk_kernel).  Triangles: tril includes the
+# diagonal, stril/striu exclude it.  The products take PREC ("ieee" for float32 inputs, "tf32"
+# for 16-bit ones, as the chunked forward's state chain).
+
+
+@triton.jit
+def _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, stride_k, oc, ok, DK,
+                BK: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """``K̂, Â`` (the rerun's rows ``row0 + i``) and ``Q`` (tokens ``t0 + i``) ``[BC, BK]`` of one
+    chunk of ``nt`` tokens, zero past it."""
+    mc = oc < nt
+    m = mc[:, None] & (ok[None, :] < DK)
+    off = (row0 + oc)[:, None] * BK + ok[None, :]
+    Kh = tl.load(kh_ptr + off, mask=mc[:, None], other=0.0)
+    Ah = tl.load(ah_ptr + off, mask=mc[:, None], other=0.0)
+    Q = tl.load(q_ptr + base_k + (t0 + oc)[:, None] * stride_k + ok[None, :], mask=m, other=0.0)
+    return Kh, Ah, Q.to(ACC)
+
+
+@triton.jit
+def _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v, stride_v, oc, ov, DV, out_eps,
+              NORM_OUT: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """``do`` and ``DR = do/n`` ``[BC, BV]`` of one chunk (``n = max(z_tᵀq, out_eps)``)."""
+    mc = oc < nt
+    m = mc[:, None] & (ov[None, :] < DV)
+    do = tl.load(do_ptr + base_v + (t0 + oc)[:, None] * stride_v + ov[None, :], mask=m, other=0.0)
+    do = do.to(ACC)
+    if NORM_OUT:
+        zq = tl.load(sc_ptr + (row0 + oc) * 2 + 1, mask=mc, other=1.0)
+        dr = do * (1.0 / tl.maximum(zq, out_eps))[:, None]
+    else:
+        dr = do
+    return do, dr
+
+
+@triton.jit
+def vla_state_bwd_prep_kernel(
+    q_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, tm_ptr, w_ptr, u_ptr, p_ptr, T, H, DK, DV, CK,
+    t_begin, n_steps, NV,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(chunks, B·H)``: per chunk of ``CK`` tokens of the span, ``T_c = (I + N)^{-1}``
+    (``tm`` ``[B·H, chunks, BC, BC]``), ``W = T_cᵀ Â`` (``w`` ``[B·H, chunks·BC, BK]``) and, per
+    value block, ``U = T_cᵀ triu(Â Qᵀ) DR`` (``u`` ``[B·H, chunks·BC, NV·BV]``)."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    n_chunks = tl.num_programs(0)
+    oc = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    i0 = c * CK
+    nt = tl.minimum(CK, n_steps - i0)
+    row0 = i_bh * n_steps + i0
+    t0 = t_begin + i0
+    base_k = (i_b * T * H + i_h) * DK
+    Kh, Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
+                            BK, ACC)  # fmt: skip
+    N = tl.dot(Kh, tl.trans(Ah), input_precision=PREC)  # N[t, j] = k̂_t·α̂_j
+    N = tl.where(oc[:, None] > oc[None, :], N, 0.0)
+    Tm = _unit_lower_inverse(N, oc, oc, BC)
+    tile = (i_bh * n_chunks + c) * BC * BC
+    tl.store(tm_ptr + tile + oc[:, None] * BC + oc[None, :], Tm)
+    TmT = tl.trans(Tm)
+    rows = (i_bh * n_chunks + c) * BC + oc
+    tl.store(w_ptr + rows[:, None] * BK + ok[None, :], tl.dot(TmT, Ah, input_precision=PREC))
+    AQ = tl.dot(Ah, tl.trans(Q), input_precision=PREC)
+    AQ = tl.where(oc[:, None] <= oc[None, :], AQ, 0.0)  # triu(Â Qᵀ)
+    TAQ = tl.dot(TmT, AQ, input_precision=PREC)
+    base_v = (i_b * T * H + i_h) * DV
+    for iv in range(NV):
+        _do, dr = _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v + iv * BV, H * DV, oc, ov,
+                            DV - iv * BV, out_eps, NORM_OUT, ACC)  # fmt: skip
+        U = tl.dot(TAQ, dr, input_precision=PREC)
+        tl.store(u_ptr + rows[:, None] * (NV * BV) + iv * BV + ov[None, :], U)
+
+
+@triton.jit
+def vla_state_bwd_scan_kernel(
+    q_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, w_ptr, u_ptr, dsT_ptr, xend_ptr, ds0_ptr, p_ptr, T,
+    H, DK, DV, CK, t_begin, n_steps, NV,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr, BUG: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(NV, B·H)``: ``X = dSᵀ`` (one block of value columns) through the span's chunks in
+    reverse, ``X ← X + Qᵀ DR − K̂ᵀ (W X + U)``, storing ``X`` after every chunk (``xend``
+    ``[B·H, chunks, DK, DV]``) and before the span (``ds0``)."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    oc = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    ob = tl.arange(0, BV)
+    ov = i_v * BV + ob
+    mk = ok < DK
+    m_kv = mk[:, None] & (ov[None, :] < DV)
+    off_kv = ok[:, None] * DV + ov[None, :]
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    X = tl.load(dsT_ptr + i_bh * DK * DV + off_kv, mask=m_kv, other=0.0).to(ACC)
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    n_chunks = tl.cdiv(n_steps, CK)
+    for jc in range(n_chunks):
+        c = n_chunks - 1 - jc
+        i0 = c * CK
+        nt = tl.minimum(CK, n_steps - i0)
+        row0 = i_bh * n_steps + i0
+        t0 = t_begin + i0
+        if BUG != BUG_SCAN_STORES_LATE:
+            tl.store(xend_ptr + (i_bh * n_chunks + c) * DK * DV + off_kv, X, mask=m_kv)
+        Kh, _Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
+                                 BK, ACC)  # fmt: skip
+        _do, dr = _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v + i_v * BV, H * DV, oc, ob,
+                            DV - i_v * BV, out_eps, NORM_OUT, ACC)  # fmt: skip
+        rows = (i_bh * n_chunks + c) * BC + oc
+        W = tl.load(w_ptr + rows[:, None] * BK + ok[None, :])
+        U = tl.load(u_ptr + rows[:, None] * (NV * BV) + i_v * BV + ob[None, :])
+        DE = tl.dot(W, X, input_precision=PREC) + U
+        X = X + tl.dot(tl.trans(Q), dr, input_precision=PREC)
+        X = X - tl.dot(tl.trans(Kh), DE, input_precision=PREC)
+        if BUG == BUG_SCAN_STORES_LATE:
+            tl.store(xend_ptr + (i_bh * n_chunks + c) * DK * DV + off_kv, X, mask=m_kv)
+    tl.store(ds0_ptr + i_bh * DK * DV + off_kv, X, mask=m_kv)
+
+
+@triton.jit
+def vla_state_bwd_chunk_kernel(
+    q_ptr, v_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, tm_ptr, cks_ptr, xend_ptr, dv_ptr, dqp_ptr,
+    dahp_ptr, dkhp_ptr, dnp_ptr, p_ptr, T, H, DK, DV, CK, NC, t_begin, n_steps,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr, BUG: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(chunks, B·H, NV)``: every chunk's per-token adjoint from its ``S_0`` (checkpoint
+    ``cks``, ``Sᵀ`` ``[B·H·NC, DK, DV]``) and its ``dSᵀ`` after it (``xend``): ``dv``, and the
+    value-row sums ``DQP, DAHP, DKHP`` ``[NV, B·H, n_steps, BK]`` and ``dnp`` ``[NV, B·H,
+    n_steps]`` that :func:`vla_gate_bwd_kernel` reads (this value block's rows)."""
+    c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_v = tl.program_id(2)
+    BH = tl.num_programs(1)
+    n_chunks = tl.num_programs(0)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    oc = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    ob = tl.arange(0, BV)
+    ov = i_v * BV + ob
+    mk = ok < DK
+    mv = ov < DV
+    m_kv = mk[:, None] & mv[None, :]
+    off_kv = ok[:, None] * DV + ov[None, :]
+    _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
+    i0 = c * CK
+    nt = tl.minimum(CK, n_steps - i0)
+    mc = oc < nt
+    row0 = i_bh * n_steps + i0
+    t0 = t_begin + i0
+    base_k = (i_b * T * H + i_h) * DK
+    base_v = (i_b * T * H + i_h) * DV
+    Kh, Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
+                            BK, ACC)  # fmt: skip
+    do, dr = _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v + i_v * BV, H * DV, oc, ob,
+                       DV - i_v * BV, out_eps, NORM_OUT, ACC)  # fmt: skip
+    m_cv = mc[:, None] & mv[None, :]
+    V = tl.load(v_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :], mask=m_cv,
+                other=0.0).to(ACC)  # fmt: skip
+    S0T = tl.load(cks_ptr + (i_bh * NC + (t_begin + i0) // CK) * DK * DV + off_kv, mask=m_kv,
+                  other=0.0).to(ACC)  # fmt: skip
+    X = tl.load(xend_ptr + (i_bh * n_chunks + c) * DK * DV + off_kv, mask=m_kv, other=0.0)
+    Tm = tl.load(tm_ptr + (i_bh * n_chunks + c) * BC * BC + oc[:, None] * BC + oc[None, :])
+    lower = oc[:, None] >= oc[None, :]  # tril, the diagonal included
+    upper = oc[:, None] <= oc[None, :]  # triu, the diagonal included
+    E = tl.dot(Tm, V - tl.dot(Kh, S0T, input_precision=PREC), input_precision=PREC)
+    AQ = tl.where(upper, tl.dot(Ah, tl.trans(Q), input_precision=PREC), 0.0)
+    DE = tl.dot(
+        tl.trans(Tm),
+        tl.dot(Ah, X, input_precision=PREC) + tl.dot(AQ, dr, input_precision=PREC),
+        input_precision=PREC,
+    )
+    tl.store(dv_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :],
+             DE.to(dv_ptr.dtype.element_ty), mask=m_cv)  # fmt: skip
+    S0 = tl.trans(S0T)  # [BV, BK]
+    if NORM_OUT:
+        QA = tl.where(lower, tl.dot(Q, tl.trans(Ah), input_precision=PREC), 0.0)
+        R = tl.dot(Q, S0T, input_precision=PREC) + tl.dot(QA, E, input_precision=PREC)
+        dnp = tl.sum(do * R, axis=1)
+    else:
+        dnp = tl.zeros([BC], dtype=ACC)
+    DRE = tl.where(lower, tl.dot(dr, tl.trans(E), input_precision=PREC), 0.0)
+    dqp = tl.dot(dr, S0, input_precision=PREC) + tl.dot(DRE, Ah, input_precision=PREC)
+    EDR = tl.where(upper, tl.dot(E, tl.trans(dr), input_precision=PREC), 0.0)
+    EDE = tl.where(oc[:, None] < oc[None, :], tl.dot(E, tl.trans(DE), input_precision=PREC), 0.0)
+    dahp = (tl.dot(E, tl.trans(X), input_precision=PREC) + tl.dot(EDR, Q, input_precision=PREC)
+            - tl.dot(EDE, Kh, input_precision=PREC))  # fmt: skip
+    if BUG == BUG_CHUNK_TRIANGLE:
+        strict = lower
+    else:
+        strict = oc[:, None] > oc[None, :]
+    DEE = tl.where(strict, tl.dot(DE, tl.trans(E), input_precision=PREC), 0.0)
+    dkhp = -(tl.dot(DE, S0, input_precision=PREC) + tl.dot(DEE, Ah, input_precision=PREC))
+    part = (i_v * BH + i_bh) * n_steps + i0
+    off = (part + oc)[:, None] * BK + ok[None, :]
+    tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
+    tl.store(dahp_ptr + off, dahp, mask=mc[:, None])
+    tl.store(dkhp_ptr + off, dkhp, mask=mc[:, None])
+    tl.store(dnp_ptr + part + oc, dnp, mask=mc)
