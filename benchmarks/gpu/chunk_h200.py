@@ -9,7 +9,8 @@ and 128, T ∈ {1k, 4k, 16k, 64k}: ``vla_triton_chunked``, ``vla_triton_fused``,
 ``fla_chunk_delta``, ``fla_chunk_dplr``, ``sdpa`` (records as in ``fused.json``); the kernel
 breakdown of the chunked forward (torch.profiler); penalty-chain variants; the overhead of
 :func:`vla_verify.ops.vla` at T = 1024.  ``--adjoint``: only the adjoint in blocks against
-one pass (:func:`adjoint`, into the same file under ``"adjoint"``).
+one pass and with the state adjoint in chunks (:func:`adjoint`, into the same file under
+``"adjoint"``).
 
 Usage: ``python benchmarks/gpu/chunk_h200.py --out DIR --commit SHA [--quick]``;
 ``TRITON_INTERPRET=1 python benchmarks/gpu/chunk_h200.py --out DIR --smoke`` runs every step on
@@ -74,8 +75,8 @@ SMOKE = {
     "long_variant_blocks": (16,),
     "fwdbwd_chunked_max_T": 64,
     "overhead_T": 64,
-    "adjoint_check": (16, 160),
-    "adjoint_sizes": ((16, 160),),
+    "adjoint_check": (16, 70),
+    "adjoint_sizes": ((16, 64),),
 }
 
 
@@ -673,13 +674,17 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The adjoint in blocks side by side (``RecurrentPlan.adjoint_blocks``, the plan's rule)
-    against one pass (``adjoint_blocks = 1``), paper preset, B = 1, H = grid_H.
+    """The backward's adjoint three ways, paper preset, B = 1, H = grid_H: ``one_pass``
+    (``adjoint_blocks = 1``), ``blocked`` (the plan's rule, ``_adjoint_blocks``) and
+    ``blocked_chunked_state`` (the rule and ``chunked_state_adjoint``).
 
-    Correctness first: float32 gradients of the recurrent backend in both modes against its
-    float64 one-pass gradients at ``adjoint_check``; blocked must err at most twice what one
-    pass errs plus the float32 floor.  Then forward + backward times of both VLA backends in
-    both modes beside SDPA and fla's chunk kernels (``_grid_fwdbwd_fns``), in one run."""
+    Correctness first: float32 gradients of the recurrent backend in each mode against its
+    float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
+    errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward + backward
+    times of both VLA backends in every mode beside SDPA and fla's chunk kernels
+    (``_grid_fwdbwd_fns``), in one run."""
+    import dataclasses
+
     import torch
 
     from vla_verify import VLAConfig
@@ -690,58 +695,72 @@ def adjoint(out: dict[str, Any]) -> None:
     res: dict[str, Any] = {"check": {}, "records": []}
     out["adjoint"] = res
     H, dev = RUN["grid_H"], RUN["device"]
-    rule = fused._adjoint_blocks
+    default_plan = fused.plan_for
+    modes = {
+        "one_pass": {"adjoint_blocks": 1, "chunked_state_adjoint": False},
+        "blocked": {"chunked_state_adjoint": False},
+        "blocked_chunked_state": {"chunked_state_adjoint": True},
+    }
 
-    def mode(blocked: bool) -> None:
-        fused._adjoint_blocks = rule if blocked else (lambda B, H, device: 1)  # type: ignore[assignment]
-        fused.plan_for.cache_clear()
+    def mode(name: str) -> Any:
+        def plan_for(*a: Any) -> Any:
+            return dataclasses.replace(default_plan(*a), **modes[name])
 
-    def grads(x: dict[str, Any], dtype: Any, blocked: bool) -> list[Any]:
-        mode(blocked)
+        fused.plan_for = plan_for  # type: ignore[assignment]
+        return plan_for
+
+    def grads(x: dict[str, Any], dtype: Any, name: str) -> list[Any]:
+        mode(name)
         leaves = [x[n].to(dtype).detach().requires_grad_(True) for n in "qkvu"]
         o, _ = fused.fused_recurrent_vla(*leaves, config=cfg)
         return list(torch.autograd.grad(o, leaves, x["do"].to(dtype)))
 
-    D, T = RUN["adjoint_check"]
-    x = _inputs(1, T, H, D, torch.float32, dev)
-    ref = grads(x, torch.float64, blocked=False)
-    one, blocked = grads(x, torch.float32, False), grads(x, torch.float32, True)
-    eps = float(torch.finfo(torch.float32).eps)
-    for name, r, a, b in zip("qkvu", ref, one, blocked, strict=True):
-        err_one = float((a.double() - r).abs().max())
-        err_blocked = float((b.double() - r).abs().max())
-        budget = 2 * err_one + (D + 2) * eps * float(r.abs().max())
-        res["check"][name] = {"one_pass_error": err_one, "blocked_error": err_blocked,
-                              "budget": budget, "passed": err_blocked <= budget}  # fmt: skip
-    res["check"]["D"], res["check"]["T"] = D, T
-    res["check"]["blocks"] = rule(1, H, torch.device(dev))
-    _log("adjoint check", res["check"])
-    del x, ref, one, blocked
-    for D, T in RUN["adjoint_sizes"]:
-        x = _inputs(1, T, H, D, torch.float32 if RUN["smoke"] else torch.bfloat16, dev)
-        for blocked in (False, True):
-            mode(blocked)
-            fns = _grid_fwdbwd_fns(x, cfg, T, D)
-            for op, fn in fns.items():
-                if blocked and not op.startswith("vla_"):
-                    continue  # the anchors once
-                try:
-                    ms = time_ms(fn, device=dev)
-                except Exception as exc:
-                    _log("adjoint timing failed", op, D, T, repr(exc)[:400])
-                    continue
-                plan = fused.plan_for(1, H, T, D, D, x["q"].dtype, x["q"].device, True)
-                blocks = plan.adjoint_blocks if op.startswith("vla_") else None
-                rec = {"op": op, "D": D, "T": T, "H": H, "median_ms": ms,
-                       "adjoint_blocks": blocks}  # fmt: skip
-                res["records"].append(rec)
-                _log(rec)
-                if RUN.get("path"):
-                    RUN["path"].write_text(json.dumps(out, indent=1))
-        del x
-        if not RUN["smoke"]:
-            torch.cuda.empty_cache()
-    mode(True)
+    try:
+        D, T = RUN["adjoint_check"]
+        x = _inputs(1, T, H, D, torch.float32, dev)
+        ref = grads(x, torch.float64, "one_pass")
+        runs = {name: grads(x, torch.float32, name) for name in modes}
+        eps = float(torch.finfo(torch.float32).eps)
+        for name, got in runs.items():
+            res["check"][name] = {}
+            for g, r, a, b in zip("qkvu", ref, runs["one_pass"], got, strict=True):
+                err_one = float((a.double() - r).abs().max())
+                err = float((b.double() - r).abs().max())
+                budget = 2 * err_one + (D + 64 + 2) * eps * float(r.abs().max())
+                res["check"][name][g] = {"error": err, "one_pass_error": err_one,
+                                         "budget": budget, "passed": err <= budget}  # fmt: skip
+        res["check"]["D"], res["check"]["T"] = D, T
+        res["check"]["blocks"] = default_plan(1, H, T, D, D, torch.float32, x["q"].device, True)
+        res["check"]["blocks"] = res["check"]["blocks"].adjoint_blocks
+        _log("adjoint check", res["check"])
+        del x, ref, runs
+        for D, T in RUN["adjoint_sizes"]:
+            x = _inputs(1, T, H, D, torch.float32 if RUN["smoke"] else torch.bfloat16, dev)
+            for name in modes:
+                plan_for = mode(name)
+                fns = _grid_fwdbwd_fns(x, cfg, T, D)
+                for op, fn in fns.items():
+                    if name != "one_pass" and not op.startswith("vla_"):
+                        continue  # the anchors once
+                    try:
+                        ms = time_ms(fn, device=dev)
+                    except Exception as exc:
+                        _log("adjoint timing failed", op, name, D, T, repr(exc)[:400])
+                        continue
+                    plan = plan_for(1, H, T, D, D, x["q"].dtype, x["q"].device, True)
+                    vla = op.startswith("vla_")
+                    rec = {"op": op, "mode": name if vla else None, "D": D, "T": T, "H": H,
+                           "median_ms": ms,
+                           "adjoint_blocks": plan.adjoint_blocks if vla else None}  # fmt: skip
+                    res["records"].append(rec)
+                    _log(rec)
+                    if RUN.get("path"):
+                        RUN["path"].write_text(json.dumps(out, indent=1))
+            del x
+            if not RUN["smoke"]:
+                torch.cuda.empty_cache()
+    finally:
+        fused.plan_for = default_plan  # type: ignore[assignment]
 
 
 def main() -> None:
