@@ -777,8 +777,9 @@ def _blocked_span(
     adjoint kernel run on the identity (``dS_end = I`` with ``do = 0`` walks ``dS ← dS(I −
     α̂k̂ᵀ)``; with ``k̂ → u``, ``α̂ → s/δ`` it walks ``dS ← dS N_t``).  A scan over the blocks
     gives each block's true cotangents after it, and a second pass of every block from them
-    gives all gradients.  The penalty adjoint runs twice, everything else once, over ``blocks``
-    times as many programs."""
+    gives all gradients.  Over ``blocks`` times as many programs, the gate rerun runs once, the
+    penalty adjoint twice and the state adjoint three times (from zero with ``K`` on ``[dv |
+    dk]`` rows, for ``J`` on ``dk`` rows, and from the true cotangents)."""
     run = adj.run
     B, _, H, dk = adj.q.shape
     dv = adj.v.shape[-1]
