@@ -38,8 +38,13 @@ printf '%s\n' "${GRID_ARGS:---grid c10}" > "$LOGS/plan.txt"
 timeout "$GRID" python3 -m vla_verify.experiments run --plan "$LOGS/plan.txt" --device cuda \
   --lrs "$@" --workers-per-device "$WORKERS" --time-budget "$BUDGET" \
   --train "steps=$STEPS" ${TRAIN_ARGS:-} --results "$RESULTS" > "$LOGS/grid.log" 2>&1 &
+GRID_PID=$!
 nvidia-smi dmon -s u -c $(( GRID / 10 )) -d 10 > "$LOGS/dmon.log" 2>&1 &
-wait
+DMON_PID=$!
+# The monitor samples for the grids' whole allowance; a plan that finishes early stops it.
+wait "$GRID_PID"
+kill "$DMON_PID" 2>/dev/null
+wait "$DMON_PID" 2>/dev/null
 echo "grids done after $(( $(date +%s) - START )) s"
 tail -c 1500 "$LOGS/grid.log"
 timeout 20 python3 -m vla_verify.experiments report --results "$RESULTS" --no-plots | tail -6
