@@ -23,6 +23,7 @@ import itertools
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -839,6 +840,47 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tf._adjoint_blocks(1, 16, cuda) == 8
     assert tf._adjoint_blocks(1, 4, cuda) == 16
     assert tf._adjoint_blocks(2, 32, cuda) == 1
+
+
+def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measured rows: on a GPU, training at keys up to 64 wide takes the blocks and the
+    chunked state adjoint; at 128 neither (no gain, and the chunk kernel does not fit shared
+    memory); inference and the interpreter neither."""
+    tf = _fused()
+    cuda = torch.device("cuda")
+
+    def plan(dk: int, device: torch.device, training: bool = True) -> tuple[int, bool]:
+        tf.plan_for.cache_clear()
+        p = tf.plan_for(1, 16, 16384, dk, dk, torch.bfloat16, device, training)
+        return p.adjoint_blocks, p.chunked_state_adjoint
+
+    try:
+        assert plan(64, torch.device("cpu")) == (1, False)
+        monkeypatch.setattr(tf, "interpreted", lambda: False)
+        monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
+        assert plan(64, cuda) == (8, True)
+        assert plan(32, cuda) == (8, True)
+        assert plan(128, cuda) == (1, False)
+        assert plan(64, cuda, training=False) == (1, False)
+    finally:
+        tf.plan_for.cache_clear()
+
+
+def test_chunked_state_adjoint_only_where_it_fits() -> None:
+    """The chunked state adjoint runs where the plan asks, in float32 accumulation, with
+    checkpoints at most 64 apart and keys at most 64 wide; elsewhere the per-token one."""
+    tf = _fused()
+    run = types.SimpleNamespace(
+        plan=types.SimpleNamespace(chunked_state_adjoint=True), checkpoint_every=64
+    )
+    assert tf._chunked_state_adjoint(run, torch.float32, 64)
+    assert tf._chunked_state_adjoint(run, torch.bfloat16, 48)
+    assert not tf._chunked_state_adjoint(run, torch.float32, 128)
+    assert not tf._chunked_state_adjoint(run, torch.float64, 64)
+    run.checkpoint_every = 128
+    assert not tf._chunked_state_adjoint(run, torch.float32, 64)
+    run.checkpoint_every, run.plan.chunked_state_adjoint = 64, False
+    assert not tf._chunked_state_adjoint(run, torch.float32, 64)
 
 
 # -- the checks can fail: planted bugs in the default code path ----------------------------------

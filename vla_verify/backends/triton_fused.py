@@ -229,6 +229,8 @@ class _Measured:
     nudge_branch: bool
     gate_bwd_warps: int
     evidence: tuple[str, ...]
+    blocked_adjoint: bool = False
+    chunked_state_adjoint: bool = False
 
 
 #: H200, Triton 3.6, B = 1, H = 16, bf16 unless noted.
@@ -257,6 +259,11 @@ _MEASURED: dict[int, _Measured] = {
             "h200/two_pass_sweeps/run8_d07206e.json",
             "h200/two_pass_sweep.json",
         ),
+        # forward + backward at T = 16384: 8 blocks 200.8 ms against 202.3 in one pass (fused
+        # 195.8 against 196.8), not worth the blocks' memory (h200/adjoint.json).
+        blocked_adjoint=False,
+        # the chunk kernel needs 242176 bytes of shared memory at C = 64, above the H200's 232448.
+        chunked_state_adjoint=False,
     ),
     64: _Measured(
         gate_warps=2,
@@ -279,10 +286,15 @@ _MEASURED: dict[int, _Measured] = {
             "h200/two_pass_sweeps/run8_d07206e.json",
             "h200/two_pass_sweep.json",
         ),
+        # forward + backward at T = 4096 / 16384: one pass 25.4 / 88.6 ms, 8 blocks 15.8 / 51.7
+        # (h200/adjoint.json; the chunked backend, the fused one alike).
+        blocked_adjoint=True,
+        # with the blocks: 14.9 / 43.3 ms.
+        chunked_state_adjoint=True,
     ),
     # Narrower tiles are not timed: BK = 64's choices, without the period loop.
-    32: _Measured(2, 4, False, False, True, True, 2, ()),
-    16: _Measured(2, 4, False, False, True, True, 2, ()),
+    32: _Measured(2, 4, False, False, True, True, 2, (), True, True),
+    16: _Measured(2, 4, False, False, True, True, 2, (), True, True),
 }
 
 
@@ -315,14 +327,19 @@ _MIN_ADJOINT_BLOCKS = 4
 
 
 def _adjoint_blocks(B: int, H: int, device: torch.device) -> int:
-    """Blocks of the adjoint: as many as fill the SMs with one penalty-adjoint program each
-    (``B·H`` per block), at most :data:`_MAX_ADJOINT_BLOCKS`, none below
-    :data:`_MIN_ADJOINT_BLOCKS`.  An occupancy rule, not yet a measured row: a sequential
-    adjoint runs ``B·H`` programs (16 on 132 SMs at B·H = 16).  In the interpreter: 1."""
-    if device.type != "cuda" or interpreted():
+    """Blocks of the adjoint where the measured row takes them (``_Measured.blocked_adjoint``):
+    as many as fill the SMs with one penalty-adjoint program each (``B·H`` per block), at most
+    :data:`_MAX_ADJOINT_BLOCKS`, none below :data:`_MIN_ADJOINT_BLOCKS`.  A sequential adjoint
+    runs ``B·H`` programs (16 on 132 SMs at B·H = 16); 8 blocks there took forward + backward
+    at D = 64, T = 16384 from 88.6 to 51.7 ms (``h200/adjoint.json``).  In the interpreter: 1."""
+    if not _on_gpu(device):
         return 1
     blocks = min(_MAX_ADJOINT_BLOCKS, _sm_count(device) // (B * H))
     return blocks if blocks >= _MIN_ADJOINT_BLOCKS else 1
+
+
+def _on_gpu(device: torch.device) -> bool:
+    return device.type == "cuda" and not interpreted()
 
 
 def _state_bwd_warps(bk: int, bv: int) -> int:
@@ -360,7 +377,10 @@ def plan_for(
         bwd_block_v=bwd_bv,
         state_bwd_warps=_state_bwd_warps(bk, bwd_bv),
         gate_bwd_warps=row.gate_bwd_warps,
-        adjoint_blocks=_adjoint_blocks(B, H, device) if training else 1,
+        adjoint_blocks=_adjoint_blocks(B, H, device) if training and row.blocked_adjoint else 1,
+        # The interpreter keeps the per-token state adjoint, whose planted bugs its tests run;
+        # the chunked one has tests of its own.
+        chunked_state_adjoint=training and row.chunked_state_adjoint and _on_gpu(device),
     )
 
 
@@ -578,7 +598,7 @@ def _state_adjoint(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     kh, ah, sc = gates
-    if _chunked_state_adjoint(adj.run, q.dtype):
+    if _chunked_state_adjoint(adj.run, q.dtype, q.shape[-1]):
         return _state_adjoint_chunked(adj, q, v, do, gates, cks, dS, dv_out, t_begin, n)
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -600,14 +620,22 @@ def _state_adjoint(
 _MAX_STATE_ADJOINT_CHUNK = 64
 
 
-def _chunked_state_adjoint(run: _Run, dtype: torch.dtype) -> bool:
+#: Widest key tile the chunked state adjoint takes: at BK = 128 and C = 64 its chunk kernel needs
+#: 242176 bytes of shared memory, above the H200's 232448 (``h200/adjoint.json``).
+_MAX_STATE_ADJOINT_WIDTH = 64
+
+
+def _chunked_state_adjoint(run: _Run, dtype: torch.dtype, dk: int) -> bool:
     """Whether the state adjoint runs in chunks (:func:`_state_adjoint_chunked`): where the plan
-    asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle) and
-    with checkpoints at most :data:`_MAX_STATE_ADJOINT_CHUNK` tokens apart (the chunks)."""
+    asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle), with
+    checkpoints at most :data:`_MAX_STATE_ADJOINT_CHUNK` tokens apart (the chunks) and keys at
+    most :data:`_MAX_STATE_ADJOINT_WIDTH` wide; elsewhere the per-token adjoint (same results
+    up to rounding)."""
     return (
         run.plan.chunked_state_adjoint
         and _acc(dtype)[0] == torch.float32
         and run.checkpoint_every <= _MAX_STATE_ADJOINT_CHUNK
+        and _pow2(dk) <= _MAX_STATE_ADJOINT_WIDTH
     )
 
 
