@@ -34,8 +34,8 @@ def _case(T: int, d: int, seed: int):  # type: ignore[no-untyped-def]
 
 
 def _autograd(u, k_hat, A0, da, sigma_T, period, start):  # type: ignore[no-untyped-def]
-    """``d/du``, ``d/dk̂`` and the symmetric part of ``d/dA0`` of ``Σ_t ⟨dα_t, α_t⟩ +
-    ⟨Σ_T, A_T⟩``, the step written out as spec §2.3 orders it."""
+    """``d/du``, ``d/dk̂``, the symmetric part of ``d/dA0`` and ``d/dA0`` itself of
+    ``Σ_t ⟨dα_t, α_t⟩ + ⟨Σ_T, A_T⟩``, the step written out as spec §2.3 orders it."""
     leaves = [x.clone().requires_grad_() for x in (u, k_hat, A0)]
     U, K, A = leaves
     loss = torch.zeros((), dtype=torch.float64)
@@ -47,21 +47,24 @@ def _autograd(u, k_hat, A0, da, sigma_T, period, start):  # type: ignore[no-unty
         loss = loss + da[t] @ (A @ K[t])
     loss = loss + (A * sigma_T).sum()
     du, dk, dA0 = torch.autograd.grad(loss, leaves)
-    return du, dk, 0.5 * (dA0 + dA0.T)
+    return du, dk, 0.5 * (dA0 + dA0.T), dA0
 
 
 def _mismatch(T: int, d: int, period: int | None, start: int, slip: str | None = None) -> list:
     case = _case(T, d, seed=T + d)
     want = _autograd(*case, period, start)
     u, k_hat, A0, da, sigma = case
-    du, gate, dA0 = pieces.penalty_adjoint_in_pieces(
+    du, gate, dA0, _ds, dA0_full, du_steps = pieces.penalty_adjoint_in_pieces(
         u, k_hat, A0, da, sigma, nudge_eta=ETA, nudge_period=period, start=start, slip=slip
     )
-    # d/dk̂ of Σ⟨dα, A k̂⟩ is the gate term A_tᵀdα_t.
-    got = (du, gate, dA0)
+    # d/dk̂ of Σ⟨dα, A k̂⟩ is the gate term A_tᵀdα_t; du comes two ways.
+    got = (du, gate, dA0, dA0_full, du_steps)
+    want = (want[0], want[1], want[2], want[3], want[0])
     return [
         name
-        for name, g, w in zip(("du", "dk_hat", "dA0"), got, want, strict=True)
+        for name, g, w in zip(
+            ("du", "dk_hat", "dA0", "dA0_full", "du_steps"), got, want, strict=True
+        )
         if not float((g - w).abs().max()) <= 1e-12 * (1 + float(w.abs().max()))
     ]
 
@@ -79,5 +82,6 @@ def test_pieces_match_autograd(T: int, d: int, period: int | None, start: int) -
 @pytest.mark.parametrize("slip", pieces.SLIPS)
 def test_planted_slip_fails(slip: str) -> None:
     """``A`` after the closing nudge in ``Ω``, the piece-end term dropped, ``Q`` transposed in
-    the scan: each moves a result off autograd's."""
+    the scan, ``y_t`` taking the whole piece's ``T`` (not its block after ``t``): each moves a
+    result off autograd's."""
     assert _mismatch(23, 4, 5, 2, slip=slip) != []
