@@ -186,9 +186,11 @@ def test_plan_for_follows_the_table() -> None:
 # -- every declared option reaches the kernels ---------------------------------------------------
 
 _KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla_gate_bwd_kernel")
-#: The chunked state adjoint's kernels (``chunked_state_adjoint``), recorded too.
+#: The chunked state adjoint's kernels (``chunked_state_adjoint``) and the penalty adjoint's
+#: in pieces (``chunked_penalty_adjoint``), recorded too.
 _CHUNKED_KERNELS = (
-    "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel"
+    "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel",
+    "vla_penalty_bwd_prep_kernel", "vla_penalty_bwd_scan_kernel", "vla_penalty_bwd_piece_kernel",
 )  # fmt: skip
 
 
@@ -676,7 +678,9 @@ def test_gradients_do_not_depend_on_checkpoint_interval() -> None:
 NUDGE4 = VLAConfig(nudge_period=4)
 
 
-def _blocked_grads(blocks: int, config: VLAConfig, T: int = 77):  # type: ignore[no-untyped-def]
+def _blocked_grads(  # type: ignore[no-untyped-def]
+    blocks: int, config: VLAConfig, T: int = 77, dtype=torch.float64, **options
+):
     """float64 gradients of ``Σ ⟨cotangent, output⟩`` over ``o, S, A, z`` with the adjoint in
     ``blocks`` blocks (checkpoints every 8 tokens; B = 2, one head).  Layer-like inputs (spec
     §2.5: positive ``q, k``, ``‖u‖² = 1/dk``) from a non-symmetric initial ``A`` (a symmetric
@@ -692,12 +696,12 @@ def _blocked_grads(blocks: int, config: VLAConfig, T: int = 77):  # type: ignore
     A0 = np.linalg.inv(0.1 * np.eye(dk) + G @ np.swapaxes(G, -1, -2))
     A0 = 0.5 * (A0 + np.swapaxes(A0, -1, -2)) + 0.01 * rng.standard_normal((B, H, dk, dk))
     arrays = [q, k, v, u, rng.standard_normal((B, H, dv, dk)), A0, 1 + rng.random((B, H, dk))]
-    cot = [torch.tensor(rng.standard_normal(a.shape), device=DEVICE)
+    cot = [torch.tensor(rng.standard_normal(a.shape), dtype=dtype, device=DEVICE)
            for a in (v, *arrays[4:])]  # fmt: skip
-    xs = [torch.tensor(a, requires_grad=True, device=DEVICE) for a in arrays]
+    xs = [torch.tensor(a, dtype=dtype, requires_grad=True, device=DEVICE) for a in arrays]
     o, state = _fused().fused_recurrent_vla(
         *xs[:4], config=config, initial_state=tuple(xs[4:]), checkpoint_every=8,
-        plan=_plan(xs[0], xs[2], adjoint_blocks=blocks),
+        plan=_plan(xs[0], xs[2], adjoint_blocks=blocks, **options),
     )  # fmt: skip
     loss = sum((y * c).sum() for y, c in zip((o, *state), cot, strict=True))
     return torch.autograd.grad(loss, xs)
@@ -810,6 +814,71 @@ def test_chunked_state_adjoint_bug_is_rejected(bug: str, wrong: str) -> None:
     config = GRAD_CONFIGS["paper_nudge4"]
     checks = dict(_grad_check(config, 5, torch.float32, bug=bug, chunked_state_adjoint=True))
     assert not checks[wrong].passed
+
+
+@pytest.mark.parametrize("name", list(GRAD_CONFIGS))
+@pytest.mark.parametrize(
+    ("blocks", "ck"), [(1, 4), (1, 8), (3, 4)], ids=["one_pass", "one_pass_ck8", "blocked"]
+)
+def test_penalty_adjoint_in_pieces_within_budget(name: str, blocks: int, ck: int) -> None:
+    """The penalty adjoint by products over nudge-free pieces against the float64 torch backend
+    within the spec §4 budget, float32: pieces cut by nudges and checkpoints together (ck = 4,
+    period 4 or 3), pieces that start after a nudge inside an interval (ck = 8), and in blocks
+    (the pieces of every block side by side)."""
+    checks = _grad_check(
+        GRAD_CONFIGS[name], seed=5, dtype=torch.float32, ck=ck, chunked_penalty_adjoint=True,
+        adjoint_blocks=blocks,
+    )  # fmt: skip
+    for g_name, c in checks:
+        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
+@pytest.mark.parametrize(
+    ("bug", "wrong"), [("piece_start_drops_nudges", "k"), ("piece_y_whole_t", "A0")]
+)
+def test_penalty_adjoint_in_pieces_bug_is_rejected(bug: str, wrong: str) -> None:
+    """The same check fails pieces that start from ``A`` without the interval's earlier nudges,
+    and steps' ``ds`` taken through the whole piece's compact WY factor."""
+    config = GRAD_CONFIGS["paper_nudge4"]
+    checks = dict(
+        _grad_check(config, 5, torch.float32, bug=bug, ck=8, chunked_penalty_adjoint=True)
+    )
+    assert not checks[wrong].passed
+
+
+def test_penalty_adjoint_in_pieces_falls_back_where_a_denominator_is_floored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sm_floor = 4``: floored denominators break the congruence, the pieces refuse the span
+    and the per-token adjoint runs it (the same gradients as without the pieces)."""
+    tf = _fused()
+    answers = []
+    real = tf._penalty_adjoint_pieces
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        answers.append(real(*a, **kw))
+        return answers[-1]
+
+    monkeypatch.setattr(tf, "_penalty_adjoint_pieces", counted)
+    config = VLAConfig(nudge_period=4, sm_floor=4.0)
+    f32 = torch.float32
+    with_pieces = _blocked_grads(1, config, T=12, dtype=f32, chunked_penalty_adjoint=True)
+    assert answers == [None]
+    without = _blocked_grads(1, config, T=12, dtype=f32)
+    for a, b in zip(with_pieces, without, strict=True):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_piece_bounds() -> None:
+    """Known answers: cuts after every nudge token and at every checkpoint, none twice."""
+    tf = _fused()
+    never = tf._NEVER
+    assert tf._piece_bounds(0, 10, never, 0, 4) == (0, 4, 8, 10)
+    assert tf._piece_bounds(0, 10, 3, 0, 4) == (0, 3, 4, 6, 8, 9, 10)
+    assert tf._piece_bounds(8, 8, 4, 1, 8) == (0, 3, 7, 8)  # nudges after t = 10, 14
+    assert tf._piece_bounds(0, 8, 4, 0, 4) == (0, 4, 8)  # nudges on the checkpoints
+    assert tf._piece_bounds(0, 5, 1, 0, 64) == (0, 1, 2, 3, 4, 5)
 
 
 def test_spans_cover_the_sequence() -> None:
@@ -936,11 +1005,12 @@ def test_planted_backward_bug_is_rejected(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize(
-    ("blocks", "chunked"), [(1, False), (2, False), (2, True)],
-    ids=["one_pass", "blocked_adjoint", "blocked_chunked_state_adjoint"],
+    ("blocks", "chunked", "pieces"), [(1, False, False), (2, False, False), (2, True, False),
+                                      (2, True, True)],
+    ids=["one_pass", "blocked_adjoint", "blocked_chunked_state_adjoint", "blocked_chunked_both"],
 )  # fmt: skip
 def test_every_output_buffer_is_written(
-    monkeypatch: pytest.MonkeyPatch, blocks: int, chunked: bool
+    monkeypatch: pytest.MonkeyPatch, blocks: int, chunked: bool, pieces: bool
 ) -> None:
     """Every torch.empty/empty_like the backend allocates is filled with NaN first: any element a
     kernel forgets to write (outputs, states, gradients, scratch read before written) shows; in
@@ -956,7 +1026,8 @@ def test_every_output_buffer_is_written(
         o, (S, A, z) = tf.fused_recurrent_vla(
             *xs[:4], initial_state=tuple(xs[4:]), checkpoint_every=4,
             config=VLAConfig(nudge_period=4),
-            plan=_plan(xs[0], xs[2], adjoint_blocks=blocks, chunked_state_adjoint=chunked),
+            plan=_plan(xs[0], xs[2], adjoint_blocks=blocks, chunked_state_adjoint=chunked,
+                       chunked_penalty_adjoint=pieces),
         )  # fmt: skip
         grads = torch.autograd.grad((o * 1.5).sum() + S.sum() + A.sum() - z.sum(), xs)
         return [o, S, A, z, *grads]

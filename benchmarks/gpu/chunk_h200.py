@@ -674,15 +674,19 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint three ways, paper preset, B = 1, H = grid_H: ``one_pass``
-    (``adjoint_blocks = 1``), ``blocked`` (the plan's rule, ``_adjoint_blocks``) and
-    ``blocked_chunked_state`` (the rule and ``chunked_state_adjoint``).
+    """The backward's adjoint six ways, paper preset, B = 1, H = grid_H, at ``adjoint_sizes``
+    (``--adjoint-sizes``): ``one_pass`` (``adjoint_blocks = 1``), ``blocked`` (8 blocks),
+    ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``, which keys wider than 64
+    do not take), ``blocked16_chunked_state`` (16 blocks), and the state adjoint in chunks with
+    the penalty adjoint in pieces (``chunked_penalty_adjoint``, keys up to 64 wide) in one pass
+    (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``).
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
     errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward + backward
     times of both VLA backends in every mode beside SDPA and fla's chunk kernels
-    (``_grid_fwdbwd_fns``), in one run."""
+    (``_grid_fwdbwd_fns``), in one run; last, each size's kernel breakdown with the default
+    plan (:func:`_adjoint_breakdown`)."""
     import dataclasses
 
     import torch
@@ -698,9 +702,14 @@ def adjoint(out: dict[str, Any]) -> None:
     default_plan = fused.plan_for
     modes = {
         "one_pass": {"adjoint_blocks": 1, "chunked_state_adjoint": False},
-        "blocked": {"chunked_state_adjoint": False},
-        "blocked_chunked_state": {"chunked_state_adjoint": True},
-    }
+        "blocked": {"adjoint_blocks": 8, "chunked_state_adjoint": False},
+        "blocked_chunked_state": {"adjoint_blocks": 8, "chunked_state_adjoint": True},
+        "blocked16_chunked_state": {"adjoint_blocks": 16, "chunked_state_adjoint": True},
+        "one_pass_pieces": {"adjoint_blocks": 1, "chunked_state_adjoint": True,
+                            "chunked_penalty_adjoint": True},
+        "blocked_pieces": {"adjoint_blocks": 8, "chunked_state_adjoint": True,
+                           "chunked_penalty_adjoint": True},
+    }  # fmt: skip
 
     def mode(name: str) -> Any:
         def plan_for(*a: Any) -> Any:
@@ -756,11 +765,46 @@ def adjoint(out: dict[str, Any]) -> None:
                     _log(rec)
                     if RUN.get("path"):
                         RUN["path"].write_text(json.dumps(out, indent=1))
+            fused.plan_for = default_plan  # type: ignore[assignment]
+            _adjoint_breakdown(out, x, cfg, T, D)
             del x
             if not RUN["smoke"]:
                 torch.cuda.empty_cache()
     finally:
         fused.plan_for = default_plan  # type: ignore[assignment]
+
+
+def _adjoint_breakdown(out: dict[str, Any], x: dict[str, Any], cfg: Any, T: int, D: int) -> None:
+    """Device time per kernel (torch.profiler, mean of 3) of one forward + backward of each VLA
+    backend with the default plan: where the training step's time goes."""
+    import torch
+
+    if RUN["smoke"]:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        for op, fn in _grid_fwdbwd_fns(x, cfg, T, D).items():
+            if not op.startswith("vla_"):
+                continue
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+            kern = {
+                e.key: getattr(e, "device_time_total", 0.0) / 3 / 1e3
+                for e in prof.key_averages()
+                if e.device_type.name == "CUDA"
+            }
+            kern = dict(sorted(kern.items(), key=lambda kv: -kv[1]))
+            out["adjoint"].setdefault("breakdown", {})[f"{op}_D{D}_T{T}_ms"] = kern
+            _log("adjoint breakdown", op, D, T, list(kern.items())[:8])
+            if RUN.get("path"):
+                RUN["path"].write_text(json.dumps(out, indent=1))
+    except Exception as exc:
+        _log("adjoint breakdown failed", op, D, T, repr(exc)[:400])
 
 
 def main() -> None:
@@ -804,13 +848,24 @@ def main() -> None:
     ap.add_argument(
         "--adjoint",
         action="store_true",
-        help="only the blocked adjoint against one pass (gradients, then times)",
+        help="only the blocked adjoint against one pass (gradients, times, kernel breakdown)",
+    )
+    ap.add_argument(
+        "--adjoint-sizes",
+        nargs="+",
+        default=None,
+        metavar="DxT",
+        help="--adjoint's sizes, e.g. 64x16384 128x16384 (default: "
+        + " ".join(f"{d}x{t}" for d, t in RUN["adjoint_sizes"])
+        + ")",
     )
     a = ap.parse_args()
     if a.smoke:
         RUN.update(SMOKE)
     if a.D:
         RUN["grid_Ds"] = tuple(a.D)
+    if a.adjoint_sizes:
+        RUN["adjoint_sizes"] = tuple(tuple(int(n) for n in s.split("x")) for s in a.adjoint_sizes)
     if a.fwdbwd_chunked_max_T is not None:
         RUN["fwdbwd_chunked_max_T"] = a.fwdbwd_chunked_max_T
     from vla_verify.bench import machine_info

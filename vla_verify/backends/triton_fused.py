@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,8 @@ PLANTED_BUGS: dict[str, Bug] = {
     "ignores_start": Bug.IGNORES_START,
     "chunk_triangle_off_by_one": Bug.CHUNK_TRIANGLE,
     "scan_stores_late": Bug.SCAN_STORES_LATE,
+    "piece_start_drops_nudges": Bug.PIECE_START_DROPS_NUDGES,
+    "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -155,7 +158,9 @@ class RecurrentPlan:
     of tokens the adjoint runs side by side, each as one more batch element; 1 = one pass
     through the sequence: :func:`_blocked_span`), ``chunked_state_adjoint`` (the state adjoint
     by products over the checkpoint intervals in float32 accumulation:
-    :func:`_state_adjoint_chunked`).
+    :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
+    products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`; off
+    until timed).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -173,6 +178,7 @@ class RecurrentPlan:
     gate_bwd_warps: int
     adjoint_blocks: int = 1
     chunked_state_adjoint: bool = False
+    chunked_penalty_adjoint: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
@@ -193,7 +199,8 @@ class RecurrentPlan:
                     _NAME, f"{name} must be a power of two >= 1, got {value!r}", name
                 )
         for name in (
-            "nudge_scalar", "period_loop", "load_plain", "nudge_branch", "chunked_state_adjoint"
+            "nudge_scalar", "period_loop", "load_plain", "nudge_branch", "chunked_state_adjoint",
+            "chunked_penalty_adjoint",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise UnsupportedConfigurationError(
@@ -703,6 +710,12 @@ def _penalty_adjoint(
     q, k, u = xs
     Bp, Tp, H, dk = q.shape
     BH, bk, run = Bp * H, _pow2(dk), adj.run
+    if _chunked_penalty_adjoint(run, q.dtype, dk):
+        got = _penalty_adjoint_pieces(
+            adj, xs, chain, sums, cka, ckz, dA, dz, outs, t_begin, n, start
+        )
+        if got is not None:
+            return got
     acc, acc_tl = _acc(q.dtype)
     kh, ah, sc, sv, cs = chain
     parts, dn = sums
@@ -718,6 +731,103 @@ def _penalty_adjoint(
         NORM_GATE=run.config.normalize_gate, NORM_OUT=run.config.normalize_output, ACC=acc_tl,
         BUG=int(run.bug), DOWNDATE=int(run.downdate), num_warps=run.plan.gate_bwd_warps,
     )  # fmt: skip
+    return dA_begin, dz_begin
+
+
+#: Longest checkpoint interval and widest key tile the penalty adjoint in pieces takes (its
+#: ``[BK, BK]`` tiles, several per program; wider ones are not built).
+_MAX_PIECE_INTERVAL = 64
+_MAX_PIECE_WIDTH = 64
+
+
+def _chunked_penalty_adjoint(run: _Run, dtype: torch.dtype, dk: int) -> bool:
+    """Whether the penalty adjoint runs in pieces (:func:`_penalty_adjoint_pieces`): where the
+    plan asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle),
+    with checkpoints at most :data:`_MAX_PIECE_INTERVAL` tokens apart and keys at most
+    :data:`_MAX_PIECE_WIDTH` wide."""
+    return (
+        run.plan.chunked_penalty_adjoint
+        and _acc(dtype)[0] == torch.float32
+        and run.checkpoint_every <= _MAX_PIECE_INTERVAL
+        and _pow2(dk) <= _MAX_PIECE_WIDTH
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _piece_bounds(t_begin: int, n: int, period: int, start: int, every: int) -> tuple[int, ...]:
+    """The pieces of the span ``t_begin ≤ t < t_begin + n`` (local indices ``0 = b_0 < b_1 <
+    ⋯ = n``): cut after every nudge token (``(start + t + 1) % period == 0``) and at every
+    checkpoint (``t % every == 0``; ``t_begin`` is one), so that no piece holds a nudge but on
+    its last token and every piece lies in one checkpoint interval."""
+    cuts = set(range(0, n, every))
+    if period < _NEVER:
+        first = (-(start + t_begin + 1)) % period
+        cuts.update(i + 1 for i in range(first, n, period))
+    cuts.add(n)
+    return tuple(sorted(c for c in cuts if 0 <= c <= n))
+
+
+def _penalty_adjoint_pieces(
+    adj: _Adjoint, xs: tuple[torch.Tensor, ...], chain: tuple[torch.Tensor, ...],
+    sums: tuple[torch.Tensor, torch.Tensor], cka: torch.Tensor, ckz: torch.Tensor,
+    dA: torch.Tensor, dz: torch.Tensor, outs: tuple[torch.Tensor, ...], t_begin: int, n: int,
+    start: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """:func:`_penalty_adjoint` (same arguments, same results) by products over the span's
+    nudge-free pieces (:func:`_piece_bounds`): each piece's ``Q`` and local term in parallel
+    (:func:`kernels.vla_penalty_bwd_prep_kernel`), the symmetric ``dA`` and ``dz`` through the
+    pieces in sequence (:func:`kernels.vla_penalty_bwd_scan_kernel`, two ``d × d`` products a
+    piece), then every piece's tokens in parallel (:func:`kernels.vla_penalty_bwd_piece_kernel`);
+    ``dAᵀ`` before the span is the scan's symmetric part plus the antisymmetric part of the
+    pieces' sum.  ``None`` where a denominator
+    was floored (the congruence does not hold there; one device synchronisation): the caller
+    runs :func:`kernels.vla_gate_bwd_kernel`.  Derivation: the kernels' module."""
+    q, k, u = xs
+    Bp, Tp, H, dk = q.shape
+    BH, bk, run = Bp * H, _pow2(dk), adj.run
+    every = run.checkpoint_every
+    kh, ah, sc, sv, cs = chain
+    parts, dn = sums
+    if t_begin % every:
+        raise AssertionError(f"span start {t_begin} off the checkpoint interval {every}")
+    bounds = _piece_bounds(t_begin, n, adj.period, start, every)
+    n_p = len(bounds) - 1
+    dev = q.device
+    pc = torch.tensor(bounds, dtype=torch.int32, device=dev)
+    bp = max(16, _pow2(max(b - a for a, b in itertools.pairwise(bounds))))
+    f32 = torch.float32
+    qm, lm, sig = (torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev) for _ in range(3))
+    dzp, dze = (torch.empty(BH, n_p, bk, dtype=f32, device=dev) for _ in range(2))
+    dz_begin = torch.empty(BH, dk, dtype=f32, device=dev)
+    sig_begin = torch.empty(BH, bk, bk, dtype=f32, device=dev)
+    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
+              "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,
+              "t_begin": t_begin, "n_steps": n, "BK": bk, "BP": bp, "BC": max(16, _pow2(every)),
+              "NORM_GATE": run.config.normalize_gate, "NORM_OUT": run.config.normalize_output,
+              "ACC": tl.float32, "PREC": prec, "BUG": int(run.bug)}  # fmt: skip
+    kernels.vla_penalty_bwd_prep_kernel[(n_p, BH)](
+        pc_ptr=pc, q_ptr=q, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+        dahs_ptr=parts[1], dns_ptr=dn, u_ptr=u, cka_ptr=cka, qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp,
+        **common,
+    )  # fmt: skip
+    # After the first launch, so that the check's synchronisation overlaps it.
+    if not bool((cs[..., 0] > run.config.sm_floor).all()):
+        return None
+    kernels.vla_penalty_bwd_scan_kernel[(BH,)](
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig, dze_ptr=dze,
+        sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
+    )  # fmt: skip
+    part = qm  # the scan has read Q: its buffer takes the pieces' parts of dAᵀ
+    kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
+        pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+        dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, u_ptr=u,
+        cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, part_ptr=part, dq_ptr=outs[0],
+        dk_ptr=outs[1], du_ptr=outs[2], **common,
+    )  # fmt: skip
+    # The symmetric part from the scan, the antisymmetric one from the sum (kernels' module).
+    total = dA.reshape(BH, dk, dk).to(f32) + part.sum(dim=1)[:, :dk, :dk]
+    dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin
 
 

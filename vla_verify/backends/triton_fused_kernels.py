@@ -60,7 +60,8 @@ from .triton_chunked_kernels import unit_lower_inverse as _unit_lower_inverse
 class Bug(IntEnum):
     """Planted bugs, for the meta-tests that show the checks can fail (``BUG`` constexpr; never
     set otherwise).  Each sits in the code path the default plan runs, the last two in the
-    chunked state adjoint's (``RecurrentPlan.chunked_state_adjoint``)."""
+    chunked state adjoint's (``RecurrentPlan.chunked_state_adjoint``) and the penalty adjoint's in
+    pieces (``RecurrentPlan.chunked_penalty_adjoint``)."""
 
     NONE = 0
     GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
@@ -70,6 +71,8 @@ class Bug(IntEnum):
     IGNORES_START = 5  # the nudge clock restarts at every call (start taken as 0)
     CHUNK_TRIANGLE = 6  # chunked state adjoint: −S_{t-1}ᵀde reads e_t too (tril for stril)
     SCAN_STORES_LATE = 7  # chunked state adjoint: dSᵀ after a chunk stored after its update
+    PIECE_START_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece start without nudges
+    PIECE_Y_WHOLE_T = 9  # penalty adjoint in pieces: y_t through the whole piece's T
 
 
 class Downdate(IntEnum):
@@ -99,6 +102,8 @@ BUG_FOLD_DROPS_NUDGES = tl.constexpr(int(Bug.FOLD_DROPS_NUDGES))
 BUG_IGNORES_START = tl.constexpr(int(Bug.IGNORES_START))
 BUG_CHUNK_TRIANGLE = tl.constexpr(int(Bug.CHUNK_TRIANGLE))
 BUG_SCAN_STORES_LATE = tl.constexpr(int(Bug.SCAN_STORES_LATE))
+BUG_PIECE_START_DROPS_NUDGES = tl.constexpr(int(Bug.PIECE_START_DROPS_NUDGES))
+BUG_PIECE_Y_WHOLE_T = tl.constexpr(int(Bug.PIECE_Y_WHOLE_T))
 DOWNDATE_EXACT = tl.constexpr(int(Downdate.EXACT))
 DOWNDATE_FMA = tl.constexpr(int(Downdate.FMA))
 NUDGE_SELECT = tl.constexpr(int(Nudge.SELECT))
@@ -1181,3 +1186,295 @@ def vla_state_bwd_chunk_kernel(
     tl.store(dahp_ptr + off, dahp, mask=mc[:, None])
     tl.store(dkhp_ptr + off, dkhp, mask=mc[:, None])
     tl.store(dnp_ptr + part + oc, dnp, mask=mc)
+
+
+# -- the penalty adjoint in pieces (products over nudge-free pieces) -----------------------------
+#
+# The nudges and the checkpoints cut a span into pieces of at most min(period, CK) tokens with no
+# nudge inside (a nudge may follow a piece's last token).  Over a piece a..e from A_a, with the
+# rerun's s_t, δ_t (rows S, δ), the keys k̂ (K̂), u (U) and the gates' cotangents dα (DA), and no
+# floored denominator (the caller falls back to vla_gate_bwd_kernel otherwise):
+#
+#   A_a      = A_ck − S_<ᵀ D_<^{-1} S_< + ω η I    from the interval's checkpoint and its earlier
+#                                                  rows (ω nudges among them)
+#   α⁻, β    = K̂ A_a − (tril(K̂ Sᵀ) D^{-1}) S, the same with DA   (A_t before any nudge, times k̂, dα)
+#   Tᵀ       = D^{-1} (I + L)^{-1}, L = stril(U Sᵀ) D^{-1}       (the compact WY factor of
+#                                                              Q = N_aᵀ⋯N_eᵀ = I − Uᵀ T S)
+#   Ã, K̃     = DA − (tril(DA Sᵀ) Tᵀ) U, the same with K̂
+#   Σ_a      = Q Σ_e Qᵀ + sym(Ãᵀ K̃)                   the symmetric cotangent before the piece
+#
+# and, once Σ_e (after the piece's nudge) is known, every step's cotangents at once:
+#
+#   C, B     = triu(U α⁻ᵀ), triu(U βᵀ)                              (j ≥ t)
+#   H        = ½ D (C triu(S DAᵀ)ᵀ + B triu(S K̂ᵀ)ᵀ)
+#   W        = D U A_e Σ_e,  A_e = A_a − Sᵀ D^{-1} S                (before the closing nudge)
+#   Y        = ½ D (C DA + B K̂) + W − (striu((H + W Sᵀ) Tᵀ)) U        (y_t = Σ^{(t)} s_t)
+#   dδ       = rowsum(S ∘ Y) / δ²,  DS = −2 D^{-1} Y + dδ U
+#   du       = −(C β + B α⁻) − 2 U A_e Σ_e A_e                         (−2 Ω_t u_t)
+#   dk̂       = (the state adjoint's part) + β + [e nudged] η dα_e       (A_tᵀ dα_t)
+#   dAᵀ part = K̂ᵀ DA + Uᵀ DS                                          (Σ_t dα k̂ᵀ + ds uᵀ, as Aᵀ)
+#
+# dAᵀ before the span is the scan's Σ plus the antisymmetric part of dAᵀ after it and of the
+# pieces' parts: the symmetric part of that sum cancels where the congruences contract, so it is
+# taken from the scan.
+#
+# Derivations: benchmarks/prototypes/penalty_adjoint_pieces.py (float64, checked against
+# autograd).  Only Σ runs through the pieces in sequence (vla_penalty_bwd_scan_kernel, with dz);
+# the rest runs per piece in parallel (vla_penalty_bwd_prep_kernel before the scan,
+# vla_penalty_bwd_piece_kernel after it).  Triangles: tril/triu include the diagonal,
+# stril/striu exclude it.
+
+
+@triton.jit
+def _piece_rows(pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H,
+                DK, CK, NC, nudge_period, start, t_begin, n_steps, op, ob, ok,
+                BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr,
+                PREC: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+    """One piece's rows ``[BP, BK]`` (zero past it; ``δ = 1`` there) and ``A`` at its start
+    (``A_a``, tile ``Aᵀ``): ``(a, npc, U, S, K̂, DA, δ, A_a, η_e)``, ``η_e`` the nudge after the
+    piece's last token (0 if none)."""
+    i_p = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    _lam, _sm_floor, nudge_eta, _out_eps, norm_eps = _load_params(p_ptr)
+    a = tl.load(pc_ptr + i_p)
+    npc = tl.load(pc_ptr + i_p + 1) - a
+    mp = op < npc
+    mk = ok < DK
+    rows = i_bh * n_steps + a + op
+    off = rows[:, None] * BK + ok[None, :]
+    S = tl.load(sv_ptr + off, mask=mp[:, None], other=0.0)
+    Kh = tl.load(kh_ptr + off, mask=mp[:, None], other=0.0)
+    Ah = tl.load(ah_ptr + off, mask=mp[:, None], other=0.0)
+    dah = tl.load(dahs_ptr + off, mask=mp[:, None], other=0.0)
+    delta = tl.load(cs_ptr + rows * 4 + 1, mask=mp, other=1.0)
+    base_k = (i_b * T * H + i_h) * DK
+    U = tl.load(u_ptr + base_k + (t_begin + a + op)[:, None] * (H * DK) + ok[None, :],
+                mask=mp[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
+    # dα from dα̂ (α̂ = α / max(‖α‖, norm_eps)), as vla_gate_bwd_kernel.
+    if NORM_GATE:
+        anorm = tl.load(cs_ptr + rows * 4 + 2, mask=mp, other=1.0)
+        proj = tl.sum(Ah * dah, axis=1)
+        DA = tl.where((anorm > norm_eps)[:, None], dah - Ah * proj[:, None], dah)
+        DA = DA * (1.0 / tl.maximum(anorm, norm_eps))[:, None]
+    else:
+        DA = dah
+    # A_a from the interval's checkpoint and the interval's rows before the piece.
+    c = (t_begin + a) // CK
+    i0 = c * CK - t_begin
+    ob_m = ob < a - i0
+    prev = i_bh * n_steps + i0 + ob
+    Sb = tl.load(sv_ptr + prev[:, None] * BK + ok[None, :], mask=ob_m[:, None], other=0.0)
+    db = tl.load(cs_ptr + prev * 4 + 1, mask=ob_m, other=1.0)
+    nudges = ob_m & ((start + t_begin + i0 + ob + 1) % nudge_period == 0)
+    omega = tl.sum(nudges.to(ACC), axis=0)
+    if BUG == BUG_PIECE_START_DROPS_NUDGES:
+        omega = omega * 0.0
+    eye = (ok[:, None] == ok[None, :]) & mk[:, None] & mk[None, :]
+    off_kk = ok[:, None] * DK + ok[None, :]
+    A_a = tl.load(cka_ptr + (i_bh * (NC + 1) + c) * DK * DK + off_kk,
+                  mask=mk[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
+    A_a = A_a - tl.dot(tl.trans(Sb * (1.0 / db)[:, None]), Sb, input_precision=PREC)
+    A_a = A_a + tl.where(eye, omega * nudge_eta, 0.0)
+    e_nudged = (start + t_begin + a + npc) % nudge_period == 0
+    eta_e = tl.where(e_nudged, nudge_eta, 0.0)
+    return a, npc, U, S, Kh, DA, delta, A_a, eta_e
+
+
+@triton.jit
+def _piece_products(U, S, Kh, DA, delta, A_a, op, BP: tl.constexpr, PREC: tl.constexpr):
+    """``α⁻, β`` ``[BP, BK]`` and ``Tᵀ`` ``[BP, BP]`` of one piece (the comment above)."""
+    rd = 1.0 / delta
+    incl = op[:, None] >= op[None, :]  # tril: i ≤ j for rows j, columns i
+    KS = tl.where(incl, tl.dot(Kh, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
+    alpha = tl.dot(Kh, A_a, input_precision=PREC) - tl.dot(KS, S, input_precision=PREC)
+    DS_ = tl.where(incl, tl.dot(DA, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
+    beta = tl.dot(DA, A_a, input_precision=PREC) - tl.dot(DS_, S, input_precision=PREC)
+    L = tl.where(op[:, None] > op[None, :],
+                 tl.dot(U, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)  # fmt: skip
+    Tt = _unit_lower_inverse(L, op, op, BP) * rd[:, None]
+    return alpha, beta, Tt
+
+
+@triton.jit
+def vla_penalty_bwd_prep_kernel(
+    pc_ptr, q_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, dahs_ptr, dns_ptr, u_ptr, cka_ptr,
+    qm_ptr, lm_ptr, dzp_ptr, p_ptr, T, H, DK, CK, NC, nudge_period, start, t_begin, n_steps,
+    BK: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr, NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BUG: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(pieces, B·H)``: each piece's ``Q`` and ``sym(Ãᵀ K̃)`` (``qm, lm`` ``[B·H, pieces,
+    BK, BK]``) and its ``Σ_t dn_t q_t`` (``dzp`` ``[B·H, pieces, BK]``), for the scan."""
+    i_p = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    n_p = tl.num_programs(0)
+    op = tl.arange(0, BP)
+    ob = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    a, npc, U, S, Kh, DA, delta, A_a, _eta = _piece_rows(
+        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H, DK, CK,
+        NC, nudge_period, start, t_begin, n_steps, op, ob, ok, BK, NORM_GATE, ACC, PREC, BUG,
+    )  # fmt: skip
+    _alpha, _beta, Tt = _piece_products(U, S, Kh, DA, delta, A_a, op, BP, PREC)
+    incl = op[:, None] >= op[None, :]
+    TS = tl.dot(tl.trans(Tt), S, input_precision=PREC)
+    eye = ok[:, None] == ok[None, :]
+    Qm = tl.where(eye, 1.0, 0.0) - tl.dot(tl.trans(U), TS, input_precision=PREC)
+    DSt = tl.where(incl, tl.dot(DA, tl.trans(S), input_precision=PREC), 0.0)
+    At = DA - tl.dot(tl.dot(DSt, Tt, input_precision=PREC), U, input_precision=PREC)
+    KSt = tl.where(incl, tl.dot(Kh, tl.trans(S), input_precision=PREC), 0.0)
+    Kt = Kh - tl.dot(tl.dot(KSt, Tt, input_precision=PREC), U, input_precision=PREC)
+    AK = tl.dot(tl.trans(At), Kt, input_precision=PREC)
+    Lm = 0.5 * (AK + tl.trans(AK))
+    tile = (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :]
+    tl.store(qm_ptr + tile, Qm)
+    tl.store(lm_ptr + tile, Lm)
+    # Σ_t dn_t q_t over the piece (the read-out denominator's part of dz).
+    i_b = i_bh // H
+    i_h = i_bh % H
+    _lam, _sm_floor, _eta_n, out_eps, _norm_eps = _load_params(p_ptr)
+    mp = op < npc
+    rows = i_bh * n_steps + a + op
+    if NORM_OUT:
+        zq = tl.load(sc_ptr + rows * 2 + 1, mask=mp, other=1.0)
+        n = tl.maximum(zq, out_eps)
+        dn = -tl.load(dns_ptr + rows, mask=mp, other=0.0) / (n * n)
+        dn = tl.where(mp & (zq > out_eps), dn, 0.0)
+        base_k = (i_b * T * H + i_h) * DK
+        Q = tl.load(q_ptr + base_k + (t_begin + a + op)[:, None] * (H * DK) + ok[None, :],
+                    mask=mp[:, None] & (ok[None, :] < DK), other=0.0).to(ACC)  # fmt: skip
+        dzp = tl.sum(dn[:, None] * Q, axis=0)
+    else:
+        dzp = tl.zeros([BK], dtype=ACC)
+    tl.store(dzp_ptr + (i_bh * n_p + i_p) * BK + ok, dzp)
+
+
+@triton.jit
+def vla_penalty_bwd_scan_kernel(
+    qm_ptr, lm_ptr, dzp_ptr, daT_ptr, dzT_ptr, sig_ptr, dze_ptr, sig0_ptr, dz0_ptr, DK, n_p,
+    BK: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(B·H,)``: ``Σ`` (the symmetric part of ``dAᵀ`` after the span) and ``dz`` through
+    the pieces in reverse, ``Σ ← Q Σ Qᵀ + sym(Ãᵀ K̃)``, ``dz ← dz + Σ dn q``, storing both after
+    every piece (``sig`` ``[B·H, pieces, BK, BK]``, ``dze`` ``[B·H, pieces, BK]``) and before
+    the span (``sig0`` ``[B·H, BK, BK]``, ``dz0``).  Float32 ``ieee`` products: the scan's
+    rounding adds up over the pieces."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    ok = tl.arange(0, BK)
+    mk = ok < DK
+    m_kk = mk[:, None] & mk[None, :]
+    dA = tl.load(daT_ptr + i_bh * DK * DK + ok[:, None] * DK + ok[None, :], mask=m_kk,
+                 other=0.0).to(ACC)  # fmt: skip
+    sig = 0.5 * (dA + tl.trans(dA))
+    dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    for jp in range(n_p):
+        ip = n_p - 1 - jp
+        tile = (i_bh * n_p + ip) * BK * BK + ok[:, None] * BK + ok[None, :]
+        tl.store(sig_ptr + tile, sig)
+        tl.store(dze_ptr + (i_bh * n_p + ip) * BK + ok, dz)
+        Qm = tl.load(qm_ptr + tile)
+        sig = tl.dot(tl.dot(Qm, sig, input_precision="ieee"), tl.trans(Qm),
+                     input_precision="ieee") + tl.load(lm_ptr + tile)  # fmt: skip
+        dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
+    tl.store(sig0_ptr + i_bh * BK * BK + ok[:, None] * BK + ok[None, :], sig)
+    tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
+
+
+@triton.jit
+def vla_penalty_bwd_piece_kernel(
+    pc_ptr, q_ptr, k_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, dqs_ptr, dahs_ptr, dkhs_ptr,
+    dns_ptr, u_ptr, cka_ptr, ckz_ptr, sig_ptr, dze_ptr, part_ptr, dq_ptr, dk_ptr, du_ptr, p_ptr,
+    T, H, DK, CK, NC, nudge_period, start, t_begin, n_steps,
+    BK: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr, NORM_GATE: tl.constexpr,
+    NORM_OUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BUG: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(pieces, B·H)``: from ``Σ, dz`` after the piece (the scan's), every token's
+    ``dq, dk, du`` and the piece's part of ``dAᵀ`` before the span, ``K̂ᵀ DA + Uᵀ DS``
+    (``part`` ``[B·H, pieces, BK, BK]``)."""
+    i_p = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    n_p = tl.num_programs(0)
+    op = tl.arange(0, BP)
+    ob = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    mk = ok < DK
+    a, npc, U, S, Kh, DA, delta, A_a, eta_e = _piece_rows(
+        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H, DK, CK,
+        NC, nudge_period, start, t_begin, n_steps, op, ob, ok, BK, NORM_GATE, ACC, PREC, BUG,
+    )  # fmt: skip
+    alpha, beta, Tt = _piece_products(U, S, Kh, DA, delta, A_a, op, BP, PREC)
+    _lam, _sm_floor, _eta_n, out_eps, norm_eps = _load_params(p_ptr)
+    mp = op < npc
+    rows = i_bh * n_steps + a + op
+    off = rows[:, None] * BK + ok[None, :]
+    base_k = (i_b * T * H + i_h) * DK
+    off_in = base_k + (t_begin + a + op)[:, None] * (H * DK) + ok[None, :]
+    m_in = mp[:, None] & mk[None, :]
+    rd = 1.0 / delta
+    upper = op[:, None] <= op[None, :]  # j ≥ t for rows t, columns j
+    later = op[:, None] < op[None, :]  # i > t
+    if BUG == BUG_PIECE_Y_WHOLE_T:
+        later = op[:, None] >= 0
+    tile = (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :]
+    sig = tl.load(sig_ptr + tile)
+    A_e = A_a - tl.dot(tl.trans(S * rd[:, None]), S, input_precision=PREC)
+    # y_t = Σ^{(t)} s_t, then the steps' cotangents.
+    C = tl.where(upper, tl.dot(U, tl.trans(alpha), input_precision=PREC), 0.0)
+    B = tl.where(upper, tl.dot(U, tl.trans(beta), input_precision=PREC), 0.0)
+    SD = tl.where(upper, tl.dot(S, tl.trans(DA), input_precision=PREC), 0.0)
+    SK = tl.where(upper, tl.dot(S, tl.trans(Kh), input_precision=PREC), 0.0)
+    Hm = 0.5 * delta[:, None] * (tl.dot(C, tl.trans(SD), input_precision=PREC)
+                                 + tl.dot(B, tl.trans(SK), input_precision=PREC))  # fmt: skip
+    W = delta[:, None] * tl.dot(tl.dot(U, A_e, input_precision=PREC), sig, input_precision=PREC)
+    G = tl.dot(Hm + tl.dot(W, tl.trans(S), input_precision=PREC), Tt, input_precision=PREC)
+    Y = (0.5 * delta[:, None] * (tl.dot(C, DA, input_precision=PREC)
+                                 + tl.dot(B, Kh, input_precision=PREC))
+         + W - tl.dot(tl.where(later, G, 0.0), U, input_precision=PREC))  # fmt: skip
+    ddelta = tl.sum(S * Y, axis=1) * rd * rd
+    DSm = -2.0 * Y * rd[:, None] + ddelta[:, None] * U
+    # du_t = −2 Ω_t u_t (fewer products than dδ s + A_{t-1} ds, the same in exact arithmetic).
+    AsA = tl.dot(tl.dot(A_e, sig, input_precision=PREC), A_e, input_precision=PREC)
+    du = -(tl.dot(C, beta, input_precision=PREC) + tl.dot(B, alpha, input_precision=PREC)
+           + 2.0 * tl.dot(U, AsA, input_precision=PREC))  # fmt: skip
+    # The read-out denominator: dz after each token (the suffix within the piece), z_t, dq.
+    dz_e = tl.load(dze_ptr + (i_bh * n_p + i_p) * BK + ok)
+    Q = tl.load(q_ptr + off_in, mask=m_in, other=0.0).to(ACC)
+    K = tl.load(k_ptr + off_in, mask=m_in, other=0.0).to(ACC)
+    dq = tl.load(dqs_ptr + off, mask=mp[:, None], other=0.0)
+    if NORM_OUT:
+        zq = tl.load(sc_ptr + rows * 2 + 1, mask=mp, other=1.0)
+        n = tl.maximum(zq, out_eps)
+        dn = -tl.load(dns_ptr + rows, mask=mp, other=0.0) / (n * n)
+        dn = tl.where(mp & (zq > out_eps), dn, 0.0)
+        ones_up = tl.where(upper, 1.0, 0.0)
+        dz_t = dz_e[None, :] + tl.dot(ones_up, dn[:, None] * Q, input_precision="ieee")
+        # z_t = z at the interval's start + the interval's keys to t.
+        c = (t_begin + a) // CK
+        i0 = c * CK - t_begin
+        z0 = tl.load(ckz_ptr + (i_bh * (NC + 1) + c) * DK + ok, mask=mk, other=0.0).to(ACC)
+        ob_m = ob < a - i0
+        Kb = tl.load(k_ptr + base_k + (t_begin + i0 + ob)[:, None] * (H * DK) + ok[None, :],
+                     mask=ob_m[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
+        ones_lo = tl.where(op[:, None] >= op[None, :], 1.0, 0.0)
+        z = z0[None, :] + tl.sum(Kb, axis=0)[None, :] + tl.dot(ones_lo, K, input_precision="ieee")
+        dq = dq + dn[:, None] * z
+    else:
+        dz_t = dz_e[None, :] + tl.zeros([BP, BK], dtype=ACC)
+    # dk̂ = the state adjoint's part + A_tᵀ dα_t (A_t after the closing nudge on the last token).
+    last = (op == npc - 1)[:, None]
+    dkh = tl.load(dkhs_ptr + off, mask=mp[:, None], other=0.0) + beta
+    dkh = dkh + tl.where(last, eta_e * DA, 0.0)
+    knorm = tl.load(cs_ptr + rows * 4 + 3, mask=mp, other=1.0)
+    proj = tl.sum(Kh * dkh, axis=1)
+    dkn = tl.where((knorm > norm_eps)[:, None], dkh - Kh * proj[:, None], dkh)
+    dk = dz_t + dkn * (1.0 / tl.maximum(knorm, norm_eps))[:, None]
+    tl.store(dq_ptr + off_in, dq.to(dq_ptr.dtype.element_ty), mask=m_in)
+    tl.store(dk_ptr + off_in, dk.to(dk_ptr.dtype.element_ty), mask=m_in)
+    tl.store(du_ptr + off_in, du.to(du_ptr.dtype.element_ty), mask=m_in)
+    part = tl.dot(tl.trans(Kh), DA, input_precision=PREC) + tl.dot(
+        tl.trans(U), DSm, input_precision=PREC
+    )
+    tl.store(part_ptr + tile, part)
