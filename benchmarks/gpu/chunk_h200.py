@@ -728,7 +728,13 @@ def adjoint(out: dict[str, Any]) -> None:
         D, T = RUN["adjoint_check"]
         x = _inputs(1, T, H, D, torch.float32, dev)
         ref = grads(x, torch.float64, "one_pass")
-        runs = {name: grads(x, torch.float32, name) for name in modes}
+        runs = {}
+        for name in modes:
+            try:
+                runs[name] = grads(x, torch.float32, name)
+            except Exception as exc:  # a mode that does not build here: recorded, not timed
+                res["check"][name] = {"failed": repr(exc)[:400]}
+                _log("adjoint check failed", name, repr(exc)[:400])
         eps = float(torch.finfo(torch.float32).eps)
         for name, got in runs.items():
             res["check"][name] = {}
@@ -742,10 +748,11 @@ def adjoint(out: dict[str, Any]) -> None:
         res["check"]["blocks"] = default_plan(1, H, T, D, D, torch.float32, x["q"].device, True)
         res["check"]["blocks"] = res["check"]["blocks"].adjoint_blocks
         _log("adjoint check", res["check"])
+        built = list(runs)
         del x, ref, runs
         for D, T in RUN["adjoint_sizes"]:
             x = _inputs(1, T, H, D, torch.float32 if RUN["smoke"] else torch.bfloat16, dev)
-            for name in modes:
+            for name in built:
                 plan_for = mode(name)
                 fns = _grid_fwdbwd_fns(x, cfg, T, D)
                 for op, fn in fns.items():
