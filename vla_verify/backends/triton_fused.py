@@ -801,11 +801,14 @@ def _penalty_adjoint_pieces(
     dz_begin = torch.empty(BH, dk, dtype=f32, device=dev)
     sig_begin = torch.empty(BH, bk, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    # 8 warps at BK = 64: the piece kernel's tiles spill less (1632 bytes of stack per thread
+    # against 2328 with 4; Triton 3.6 for sm_90, benchmarks/preflight_sm90.py).
+    warps = 8 if bk >= 64 else 4
     common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
               "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,
               "t_begin": t_begin, "n_steps": n, "BK": bk, "BP": bp, "BC": max(16, _pow2(every)),
               "NORM_GATE": run.config.normalize_gate, "NORM_OUT": run.config.normalize_output,
-              "ACC": tl.float32, "PREC": prec, "BUG": int(run.bug)}  # fmt: skip
+              "ACC": tl.float32, "PREC": prec, "BUG": int(run.bug), "num_warps": warps}  # fmt: skip
     kernels.vla_penalty_bwd_prep_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
         dahs_ptr=parts[1], dns_ptr=dn, u_ptr=u, cka_ptr=cka, qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp,
@@ -817,6 +820,7 @@ def _penalty_adjoint_pieces(
     kernels.vla_penalty_bwd_scan_kernel[(BH,)](
         qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig, dze_ptr=dze,
         sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
+        num_warps=warps,
     )  # fmt: skip
     part = qm  # the scan has read Q: its buffer takes the pieces' parts of dAᵀ
     kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](

@@ -1358,8 +1358,11 @@ def vla_penalty_bwd_scan_kernel(
     """Grid ``(B·H,)``: ``Σ`` (the symmetric part of ``dAᵀ`` after the span) and ``dz`` through
     the pieces in reverse, ``Σ ← Q Σ Qᵀ + sym(Ãᵀ K̃)``, ``dz ← dz + Σ dn q``, storing both after
     every piece (``sig`` ``[B·H, pieces, BK, BK]``, ``dze`` ``[B·H, pieces, BK]``) and before
-    the span (``sig0`` ``[B·H, BK, BK]``, ``dz0``).  Float32 ``ieee`` products: the scan's
-    rounding adds up over the pieces."""
+    the span (``sig0`` ``[B·H, BK, BK]``, ``dz0``).  Products in ``tf32x3`` (three tf32
+    products, about float32's accuracy, on tensor cores) whatever the inputs: the scan's
+    rounding adds up over the pieces, and ``ieee`` float32 products of ``[64, 64]`` tiles,
+    beside the loaded local term, compile for sm_90 to 32 registers and 5312 bytes of stack
+    per thread (Triton 3.6; ``benchmarks/preflight_sm90.py``)."""
     i_bh = tl.program_id(0).to(tl.int64)
     ok = tl.arange(0, BK)
     mk = ok < DK
@@ -1374,8 +1377,8 @@ def vla_penalty_bwd_scan_kernel(
         tl.store(sig_ptr + tile, sig)
         tl.store(dze_ptr + (i_bh * n_p + ip) * BK + ok, dz)
         Qm = tl.load(qm_ptr + tile)
-        sig = tl.dot(tl.dot(Qm, sig, input_precision="ieee"), tl.trans(Qm),
-                     input_precision="ieee") + tl.load(lm_ptr + tile)  # fmt: skip
+        sig = tl.dot(tl.dot(Qm, sig, input_precision="tf32x3"), tl.trans(Qm),
+                     input_precision="tf32x3") + tl.load(lm_ptr + tile)  # fmt: skip
         dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
     tl.store(sig0_ptr + i_bh * BK * BK + ok[:, None] * BK + ok[None, :], sig)
     tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)

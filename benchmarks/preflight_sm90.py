@@ -1,0 +1,242 @@
+"""Build the Triton kernels that a GPU plan launches for the H200 (sm_90) on a machine without a
+GPU, and report what each configuration asks of an SM: shared memory (against the H200's
+232448 bytes a block), registers and local-memory spills.
+
+A kernel that does not fit fails only at its first launch on the GPU (``OutOfResources``), and
+device time is scarce: this finds it before.  Two steps:
+
+1. **record** (a subprocess under ``TRITON_INTERPRET=1``): one forward and backward of
+   ``triton_fused`` and ``triton_chunked`` at the requested sizes with the plans a 132-SM GPU
+   would get (``interpreted`` and the SM count stood in for), every kernel replaced by a recorder
+   of its launch (no kernel runs; the numbers are garbage, the launches are what matters);
+2. **build**: each distinct launch (kernel, constexprs, argument types, ``num_warps``,
+   ``num_stages``) compiled by ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``; shared
+   memory from the compiled metadata, registers and spills from ``cuobjdump -res-usage``.
+
+Triton's version decides the code: run it with the version the GPU has (``pip install --target``
+a wheel and put it first on ``PYTHONPATH``).  Usage::
+
+    python benchmarks/preflight_sm90.py --sizes 64x16384 128x16384 [--options KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Shared memory a block may use on the H200 (sm_90): 227 KiB.
+H200_SHARED_BYTES = 232448
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(
+    sizes: list[tuple[int, int]], options: dict[str, Any], out: Path, lift_guards: bool = False
+) -> None:
+    """Step 1, in this process (``TRITON_INTERPRET=1`` set before Triton is imported): write
+    every launch of forward + backward at each ``(D, T)`` (B = 1, H = 16, bf16, paper preset)
+    to ``out`` as JSON.  ``lift_guards``: the chunked adjoints take keys of every width (to
+    see what the width guards keep out)."""
+    import dataclasses
+
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.backends import triton_fused as tf
+
+    launches: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, module: str, name: str) -> None:
+            self.module, self.name = module, name
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                def kind(v: Any) -> Any:
+                    if isinstance(v, torch.Tensor):
+                        return {"tensor": str(v.dtype).removeprefix("torch.")}
+                    if isinstance(v, bool):
+                        return {"bool": v}
+                    if isinstance(v, int):
+                        return {"int": v}
+                    if isinstance(v, float):
+                        return {"float": v}
+                    return {"value": str(v)}
+
+                if self.name == "vla_gate_kernel":
+                    # Denominators unfloored, so that the adjoint's paths that check them
+                    # (the blocks, the pieces) launch their kernels.
+                    kwargs["cs_ptr"].fill_(1.0)
+                launches.append({"module": self.module, "kernel": self.name,
+                                 "args": [kind(a) for a in args],
+                                 "kwargs": {k: kind(v) for k, v in kwargs.items()}})  # fmt: skip
+
+            return launch
+
+    kernel_modules = (("triton_fused_kernels", tf.kernels), ("triton_chunked_kernels", tc.kernels))
+    for module, mod in kernel_modules:
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if type(obj).__name__ == "InterpretedFunction" and name.endswith("_kernel"):
+                setattr(mod, name, Recorder(module, name))
+    # The plans a GPU would get: the interpreter's stand-ins lifted.
+    for mod in (tf, tc):
+        mod.interpreted = lambda: False  # type: ignore[assignment]
+    tf._sm_count = lambda device: 132  # type: ignore[assignment]
+    tf._check_run = lambda q, v: None  # type: ignore[assignment]
+    if lift_guards:
+        tf._MAX_STATE_ADJOINT_WIDTH = tf._MAX_PIECE_WIDTH = 128
+    base_plan = tf.plan_for
+
+    def plan_for(B: int, H: int, T: int, dk: int, dv: int, dtype: Any, _device: Any,
+                 training: bool) -> Any:  # fmt: skip
+        plan = base_plan(B, H, T, dk, dv, dtype, torch.device("cuda"), training)
+        return dataclasses.replace(plan, **options)
+
+    tf.plan_for = plan_for  # type: ignore[assignment]
+    cfg = VLAConfig()
+    g = torch.Generator().manual_seed(0)
+    for D, T in sizes:
+        x = [torch.randn(1, T, 16, D, generator=g).to(torch.bfloat16) for _ in range(4)]
+        x[3] = x[3] / D**0.5
+        for run in ("fused", "chunked"):
+            xs = [a.clone().requires_grad_() for a in x]
+            if run == "fused":
+                o, _ = tf.fused_recurrent_vla(*xs, config=cfg)
+            else:
+                o, _ = tc.chunked_vla(*xs, config=cfg, penalty_dtype="float64")
+            torch.autograd.grad(o.float().sum(), xs)
+    out.write_text(json.dumps(launches))
+
+
+def _type(v: dict[str, Any]) -> str:
+    if "tensor" in v:
+        return "*" + {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16",
+                      "float16": "fp16", "int32": "i32", "int64": "i64"}[v["tensor"]]  # fmt: skip
+    if "bool" in v:
+        return "i1"
+    if "int" in v:
+        return "i64" if abs(v["int"]) >= 2**31 else "i32"
+    return "fp32"
+
+
+#: Triton's short dtype names (``str(tl.float32) == "fp32"``), for constexpr dtypes.
+_DTYPES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _constexpr(v: dict[str, Any]) -> Any:
+    import triton.language as tl
+
+    if "value" in v and v["value"] in _DTYPES:
+        return getattr(tl, _DTYPES[v["value"]])
+    return next(iter(v.values()))
+
+
+def build(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step 2: compile each distinct launch for sm_90; one row per configuration."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vla_verify.backends import triton_chunked_kernels, triton_fused_kernels
+
+    modules = {"triton_fused_kernels": triton_fused_kernels,
+               "triton_chunked_kernels": triton_chunked_kernels}  # fmt: skip
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    seen: set[str] = set()
+    rows = []
+    for rec in launches:
+        fn = getattr(modules[rec["module"]], rec["kernel"])
+        names = fn.arg_names
+        values = dict(zip(names, rec["args"], strict=False)) | dict(rec["kwargs"])
+        options = {k: values.pop(k)["int"] for k in ("num_warps", "num_stages") if k in values}
+        constexprs = {}
+        signature = {}
+        for i, name in enumerate(names):
+            v = values[name]
+            if i in fn.constexprs:
+                constexprs[name] = _constexpr(v)
+                signature[name] = "constexpr"
+            else:
+                signature[name] = _type(v)
+        key = json.dumps([rec["kernel"], signature, {k: str(v) for k, v in constexprs.items()},
+                          options], sort_keys=True)  # fmt: skip
+        if key in seen:
+            continue
+        seen.add(key)
+        shown = {k: str(v) for k, v in constexprs.items()}
+        row: dict[str, Any] = {"kernel": rec["kernel"], "options": options, "constexprs": shown}
+        try:
+            compiled = triton.compile(
+                ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                target=GPUTarget("cuda", 90, 32), options=options,
+            )  # fmt: skip
+            row["shared"] = int(compiled.metadata.shared)
+            row["fits"] = row["shared"] <= H200_SHARED_BYTES
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(compiled.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([str(cuobjdump), "-res-usage", f.name],
+                                       capture_output=True, text=True).stdout  # fmt: skip
+            for field in ("REG", "STACK", "LOCAL"):
+                m = re.search(rf"{field}:(\d+)", usage)
+                row[field.lower()] = int(m.group(1)) if m else None
+        except Exception as exc:
+            row["error"] = repr(exc)[:500]
+            row["fits"] = False
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=["64x4096", "128x4096"], metavar="DxT")
+    ap.add_argument(
+        "--options",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="plan fields set on top of the GPU plan, e.g. chunked_penalty_adjoint=1",
+    )
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument(
+        "--lift-guards",
+        action="store_true",
+        help="let the chunked adjoints take keys of every width",
+    )
+    ap.add_argument("--record-to", type=Path, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sizes = [(int(d), int(t)) for d, t in (s.split("x") for s in a.sizes)]
+    options = {k: bool(int(v)) if v in ("0", "1") else int(v)
+               for k, v in (o.split("=") for o in a.options)}  # fmt: skip
+    if a.record_to is not None:
+        record(sizes, options, a.record_to, a.lift_guards)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "launches.json"
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        lift = ["--lift-guards"] if a.lift_guards else []
+        cmd = [sys.executable, __file__, "--sizes", *a.sizes, "--options", *a.options, *lift]
+        subprocess.run([*cmd, "--record-to", str(path)], env=env, check=True, cwd=_ROOT)
+        launches = json.loads(path.read_text())
+    rows = build(launches)
+    bad = [r for r in rows if not r["fits"]]
+    print(
+        f"{len(rows)} configurations, {len(bad)} that do not build or exceed "
+        f"{H200_SHARED_BYTES} bytes of shared memory"
+    )
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""``benchmarks/preflight_sm90.py`` builds the kernels a GPU plan launches for the H200 without a
+GPU: the default plan's kernels (the pieces included) fit an SM, and the chunked state adjoint
+at 128-wide keys, which the H200 refused with ``OutOfResources``, is found not to."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+_TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "preflight_sm90.py"
+_PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+pytestmark = pytest.mark.skipif(not _PTXAS.is_file(), reason="Triton without its ptxas")
+
+
+def _preflight(tmp_path: Path, *args: str) -> tuple[int, list[dict]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(_TOOL), *args, "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert out.is_file(), done.stderr[-3000:]
+    return done.returncode, json.loads(out.read_text())
+
+
+def test_the_default_plan_and_the_pieces_fit(tmp_path: Path) -> None:
+    code, rows = _preflight(tmp_path, "--sizes", "64x256", "--options", "chunked_penalty_adjoint=1")
+    kernels = {r["kernel"] for r in rows}
+    assert {"vla_state_bwd_chunk_kernel", "vla_penalty_bwd_scan_kernel",
+            "vla_penalty_bwd_piece_kernel"} <= kernels  # fmt: skip
+    assert code == 0 and all(r["fits"] and r["shared"] > 0 for r in rows), rows
+
+
+def test_the_wide_chunked_state_adjoint_does_not_fit(tmp_path: Path) -> None:
+    """Known answer: at BK = 128 the chunk kernel of the state adjoint asks more shared memory
+    than an H200 SM has (the H200 raised OutOfResources, ``h200/adjoint.json``)."""
+    code, rows = _preflight(
+        tmp_path, "--sizes", "128x256", "--options", "chunked_state_adjoint=1", "--lift-guards"
+    )
+    chunk = [r for r in rows if r["kernel"] == "vla_state_bwd_chunk_kernel"]
+    assert chunk and not chunk[0]["fits"] and chunk[0]["shared"] > 232448
+    assert code == 1
