@@ -234,7 +234,12 @@ def main() -> None:
         f"{H200_SHARED_BYTES} bytes of shared memory"
     )
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        import triton
+
+        head = {"triton": triton.__version__, "target": "cuda sm_90", "sizes": a.sizes,
+                "options": a.options, "lift_guards": a.lift_guards,
+                "shared_limit": H200_SHARED_BYTES}  # fmt: skip
+        a.json.write_text(json.dumps({**head, "rows": rows}, indent=1))
     sys.exit(1 if bad else 0)
 
 

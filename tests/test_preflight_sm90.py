@@ -26,7 +26,7 @@ def _preflight(tmp_path: Path, *args: str) -> tuple[int, list[dict]]:
     done = subprocess.run([sys.executable, str(_TOOL), *args, "--json", str(out)], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert out.is_file(), done.stderr[-3000:]
-    return done.returncode, json.loads(out.read_text())
+    return done.returncode, json.loads(out.read_text())["rows"]
 
 
 def test_the_default_plan_and_the_pieces_fit(tmp_path: Path) -> None:
