@@ -156,7 +156,8 @@ def build(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fn = getattr(modules[rec["module"]], rec["kernel"])
         names = fn.arg_names
         values = dict(zip(names, rec["args"], strict=False)) | dict(rec["kwargs"])
-        options = {k: values.pop(k)["int"] for k in ("num_warps", "num_stages") if k in values}
+        launch = ("num_warps", "num_stages", "maxnreg")
+        options = {k: values.pop(k)["int"] for k in launch if k in values}
         constexprs = {}
         signature = {}
         for i, name in enumerate(names):
