@@ -735,7 +735,9 @@ def _penalty_adjoint(
 
 
 #: Longest checkpoint interval and widest key tile the penalty adjoint in pieces takes (its
-#: ``[BK, BK]`` tiles, several per program; wider ones are not built).
+#: ``[BK, BK]`` tiles, several per program): at BK = 128 the scan asks 262144 bytes of shared
+#: memory and the piece kernel 380928, above the H200's 232448 (Triton 3.6 for sm_90,
+#: ``benchmarks/preflight_sm90.py --lift-guards``).
 _MAX_PIECE_INTERVAL = 64
 _MAX_PIECE_WIDTH = 64
 
