@@ -92,7 +92,7 @@ def record(
     tf._sm_count = lambda device: 132  # type: ignore[assignment]
     tf._check_run = lambda q, v: None  # type: ignore[assignment]
     if lift_guards:
-        tf._MAX_STATE_ADJOINT_WIDTH = tf._MAX_PIECE_WIDTH = 128
+        tf._MAX_CHUNKED_WIDTH = 128
     base_plan = tf.plan_for
 
     def plan_for(B: int, H: int, T: int, dk: int, dv: int, dtype: Any, _device: Any,

@@ -608,6 +608,13 @@ def _grad_check(
     ]
 
 
+def _assert_within_budget(checks: list) -> None:
+    """Every gradient of a :func:`_grad_check` within its spec §4 budget, the first that is
+    not named in the failure."""
+    for g_name, c in checks:
+        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+
+
 GRAD_CONFIGS = {
     "paper_nudge4": VLAConfig(nudge_period=4),
     "ungated_raw_out": VLAConfig(nudge_period=3, normalize_gate=False, normalize_output=False),
@@ -634,8 +641,7 @@ def test_gradients_match_torch_sequential(
     # same example) has a tail at seeds 3-5 of paper_nudge4 (up to 1.95 at seed 3) because one
     # float32 rounding of the reference can be lucky on a 2-element slice.
     checks = _grad_check(GRAD_CONFIGS[name], seed=5, dtype=dtype, **GRAD_PLANS[plan])
-    for g_name, c in checks:
-        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+    _assert_within_budget(checks)
 
 
 def test_backward_value_blocks() -> None:
@@ -787,8 +793,7 @@ def test_blocked_adjoint_gradients_within_budget() -> None:
     torch backend within the spec §4 budget, float32 and float64."""
     for dtype in (torch.float32, torch.float64):
         checks = _grad_check(GRAD_CONFIGS["paper_nudge4"], seed=5, dtype=dtype, adjoint_blocks=3)
-        for g_name, c in checks:
-            assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+        _assert_within_budget(checks)
 
 
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
@@ -801,8 +806,7 @@ def test_chunked_state_adjoint_within_budget(name: str, blocks: int) -> None:
         GRAD_CONFIGS[name], seed=5, dtype=torch.float32, chunked_state_adjoint=True,
         adjoint_blocks=blocks,
     )  # fmt: skip
-    for g_name, c in checks:
-        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+    _assert_within_budget(checks)
 
 
 @pytest.mark.parametrize(
@@ -829,8 +833,7 @@ def test_penalty_adjoint_in_pieces_within_budget(name: str, blocks: int, ck: int
         GRAD_CONFIGS[name], seed=5, dtype=torch.float32, ck=ck, chunked_penalty_adjoint=True,
         adjoint_blocks=blocks,
     )  # fmt: skip
-    for g_name, c in checks:
-        assert c.passed, f"d{g_name}: error {c.error.max():.3e} > budget {c.budget.max():.3e}"
+    _assert_within_budget(checks)
 
 
 @pytest.mark.parametrize(
@@ -935,21 +938,18 @@ def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> Non
         tf.plan_for.cache_clear()
 
 
-def test_chunked_state_adjoint_only_where_it_fits() -> None:
-    """The chunked state adjoint runs where the plan asks, in float32 accumulation, with
-    checkpoints at most 64 apart and keys at most 64 wide; elsewhere the per-token one."""
+def test_chunked_adjoints_only_where_they_fit() -> None:
+    """The chunked adjoints run where the plan asks, in float32 accumulation, with checkpoints
+    at most 64 apart and keys at most 64 wide; elsewhere the per-token kernels."""
     tf = _fused()
-    run = types.SimpleNamespace(
-        plan=types.SimpleNamespace(chunked_state_adjoint=True), checkpoint_every=64
-    )
-    assert tf._chunked_state_adjoint(run, torch.float32, 64)
-    assert tf._chunked_state_adjoint(run, torch.bfloat16, 48)
-    assert not tf._chunked_state_adjoint(run, torch.float32, 128)
-    assert not tf._chunked_state_adjoint(run, torch.float64, 64)
+    run = types.SimpleNamespace(checkpoint_every=64)
+    assert tf._chunked(True, run, torch.float32, 64)
+    assert tf._chunked(True, run, torch.bfloat16, 48)
+    assert not tf._chunked(True, run, torch.float32, 128)
+    assert not tf._chunked(True, run, torch.float64, 64)
+    assert not tf._chunked(False, run, torch.float32, 64)
     run.checkpoint_every = 128
-    assert not tf._chunked_state_adjoint(run, torch.float32, 64)
-    run.checkpoint_every, run.plan.chunked_state_adjoint = 64, False
-    assert not tf._chunked_state_adjoint(run, torch.float32, 64)
+    assert not tf._chunked(True, run, torch.float32, 64)
 
 
 # -- the checks can fail: planted bugs in the default code path ----------------------------------

@@ -300,8 +300,12 @@ _MEASURED: dict[int, _Measured] = {
         chunked_state_adjoint=True,
     ),
     # Narrower tiles are not timed: BK = 64's choices, without the period loop.
-    32: _Measured(2, 4, False, False, True, True, 2, (), True, True),
-    16: _Measured(2, 4, False, False, True, True, 2, (), True, True),
+    32: _Measured(
+        2, 4, False, False, True, True, 2, (), blocked_adjoint=True, chunked_state_adjoint=True
+    ),
+    16: _Measured(
+        2, 4, False, False, True, True, 2, (), blocked_adjoint=True, chunked_state_adjoint=True
+    ),
 }
 
 
@@ -605,7 +609,7 @@ def _state_adjoint(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     kh, ah, sc = gates
-    if _chunked_state_adjoint(adj.run, q.dtype, q.shape[-1]):
+    if _chunked(adj.run.plan.chunked_state_adjoint, adj.run, q.dtype, q.shape[-1]):
         return _state_adjoint_chunked(adj, q, v, do, gates, cks, dS, dv_out, t_begin, n)
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -623,26 +627,26 @@ def _state_adjoint(
     return sums, dn_sum, dS_begin
 
 
-#: Longest checkpoint interval the chunked state adjoint takes as its chunk (``[C, C]`` tiles).
-_MAX_STATE_ADJOINT_CHUNK = 64
+#: Longest checkpoint interval and widest key tile the chunked adjoints take (their ``[C, C]``
+#: and ``[BK, BK]`` tiles).  At BK = 128 neither fits an H200 SM's 232448 bytes of shared memory:
+#: the state adjoint's chunk kernel asked 242176 (``h200/adjoint.json``), the pieces' scan and
+#: piece kernel would ask 262144 and 380928 (``sm90/preflight_pieces_128.json``).
+_MAX_CHUNKED_INTERVAL = 64
+_MAX_CHUNKED_WIDTH = 64
 
 
-#: Widest key tile the chunked state adjoint takes: at BK = 128 and C = 64 its chunk kernel needs
-#: 242176 bytes of shared memory, above the H200's 232448 (``h200/adjoint.json``).
-_MAX_STATE_ADJOINT_WIDTH = 64
-
-
-def _chunked_state_adjoint(run: _Run, dtype: torch.dtype, dk: int) -> bool:
-    """Whether the state adjoint runs in chunks (:func:`_state_adjoint_chunked`): where the plan
-    asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle), with
-    checkpoints at most :data:`_MAX_STATE_ADJOINT_CHUNK` tokens apart (the chunks) and keys at
-    most :data:`_MAX_STATE_ADJOINT_WIDTH` wide; elsewhere the per-token adjoint (same results
-    up to rounding)."""
+def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
+    """Whether an adjoint half runs by products (the state adjoint in chunks,
+    :func:`_state_adjoint_chunked`; the penalty adjoint in pieces,
+    :func:`_penalty_adjoint_pieces`): where the plan asks for it (``asked``), in float32
+    accumulation (float64 keeps the per-token order of the oracle), with checkpoints at most
+    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and keys at most :data:`_MAX_CHUNKED_WIDTH` wide;
+    elsewhere the per-token kernels (same results up to rounding)."""
     return (
-        run.plan.chunked_state_adjoint
+        asked
         and _acc(dtype)[0] == torch.float32
-        and run.checkpoint_every <= _MAX_STATE_ADJOINT_CHUNK
-        and _pow2(dk) <= _MAX_STATE_ADJOINT_WIDTH
+        and run.checkpoint_every <= _MAX_CHUNKED_INTERVAL
+        and _pow2(dk) <= _MAX_CHUNKED_WIDTH
     )
 
 
@@ -710,7 +714,7 @@ def _penalty_adjoint(
     q, k, u = xs
     Bp, Tp, H, dk = q.shape
     BH, bk, run = Bp * H, _pow2(dk), adj.run
-    if _chunked_penalty_adjoint(run, q.dtype, dk):
+    if _chunked(run.plan.chunked_penalty_adjoint, run, q.dtype, dk):
         got = _penalty_adjoint_pieces(
             adj, xs, chain, sums, cka, ckz, dA, dz, outs, t_begin, n, start
         )
@@ -732,27 +736,6 @@ def _penalty_adjoint(
         BUG=int(run.bug), DOWNDATE=int(run.downdate), num_warps=run.plan.gate_bwd_warps,
     )  # fmt: skip
     return dA_begin, dz_begin
-
-
-#: Longest checkpoint interval and widest key tile the penalty adjoint in pieces takes (its
-#: ``[BK, BK]`` tiles, several per program): at BK = 128 the scan asks 262144 bytes of shared
-#: memory and the piece kernel 380928, above the H200's 232448 (Triton 3.6 for sm_90,
-#: ``benchmarks/preflight_sm90.py --lift-guards``).
-_MAX_PIECE_INTERVAL = 64
-_MAX_PIECE_WIDTH = 64
-
-
-def _chunked_penalty_adjoint(run: _Run, dtype: torch.dtype, dk: int) -> bool:
-    """Whether the penalty adjoint runs in pieces (:func:`_penalty_adjoint_pieces`): where the
-    plan asks for it, in float32 accumulation (float64 keeps the per-token order of the oracle),
-    with checkpoints at most :data:`_MAX_PIECE_INTERVAL` tokens apart and keys at most
-    :data:`_MAX_PIECE_WIDTH` wide."""
-    return (
-        run.plan.chunked_penalty_adjoint
-        and _acc(dtype)[0] == torch.float32
-        and run.checkpoint_every <= _MAX_PIECE_INTERVAL
-        and _pow2(dk) <= _MAX_PIECE_WIDTH
-    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -803,8 +786,8 @@ def _penalty_adjoint_pieces(
     dz_begin = torch.empty(BH, dk, dtype=f32, device=dev)
     sig_begin = torch.empty(BH, bk, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
-    # 8 warps at BK = 64: the piece kernel's tiles spill less (1632 bytes of stack per thread
-    # against 2328 with 4; Triton 3.6 for sm_90, benchmarks/preflight_sm90.py).
+    # 8 warps at BK = 64: with 4 the piece kernel's tiles spill more (with 8: 1632 bytes of
+    # stack per thread, sm90/preflight_pieces.json).
     warps = 8 if bk >= 64 else 4
     common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
               "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,

@@ -1361,8 +1361,8 @@ def vla_penalty_bwd_scan_kernel(
     the span (``sig0`` ``[B·H, BK, BK]``, ``dz0``).  Products in ``tf32x3`` (three tf32
     products, about float32's accuracy, on tensor cores) whatever the inputs: the scan's
     rounding adds up over the pieces, and ``ieee`` float32 products of ``[64, 64]`` tiles,
-    beside the loaded local term, compile for sm_90 to 32 registers and 5312 bytes of stack
-    per thread (Triton 3.6; ``benchmarks/preflight_sm90.py``)."""
+    beside the loaded local term, compile for sm_90 to a kernel that keeps most of its state
+    on the stack (Triton 3.6)."""
     i_bh = tl.program_id(0).to(tl.int64)
     ok = tl.arange(0, BK)
     mk = ok < DK
