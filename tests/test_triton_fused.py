@@ -915,25 +915,26 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The measured rows: on a GPU, training at keys up to 64 wide takes the blocks and the
-    chunked state adjoint; at 128 neither (no gain, and the chunk kernel does not fit shared
-    memory); inference and the interpreter neither."""
+    """The measured rows: on a GPU, training at keys up to 64 wide takes one pass with both
+    chunked adjoints (the state's in chunks, the penalty's in pieces); at 128 one pass with the
+    per-token kernels (the chunk kernels do not fit shared memory); inference and the
+    interpreter the per-token kernels."""
     tf = _fused()
     cuda = torch.device("cuda")
 
-    def plan(dk: int, device: torch.device, training: bool = True) -> tuple[int, bool]:
+    def plan(dk: int, device: torch.device, training: bool = True) -> tuple[int, bool, bool]:
         tf.plan_for.cache_clear()
         p = tf.plan_for(1, 16, 16384, dk, dk, torch.bfloat16, device, training)
-        return p.adjoint_blocks, p.chunked_state_adjoint
+        return p.adjoint_blocks, p.chunked_state_adjoint, p.chunked_penalty_adjoint
 
     try:
-        assert plan(64, torch.device("cpu")) == (1, False)
+        assert plan(64, torch.device("cpu")) == (1, False, False)
         monkeypatch.setattr(tf, "interpreted", lambda: False)
         monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
-        assert plan(64, cuda) == (8, True)
-        assert plan(32, cuda) == (8, True)
-        assert plan(128, cuda) == (1, False)
-        assert plan(64, cuda, training=False) == (1, False)
+        assert plan(64, cuda) == (1, True, True)
+        assert plan(32, cuda) == (1, True, True)
+        assert plan(128, cuda) == (1, False, False)
+        assert plan(64, cuda, training=False) == (1, False, False)
     finally:
         tf.plan_for.cache_clear()
 

@@ -159,8 +159,7 @@ class RecurrentPlan:
     through the sequence: :func:`_blocked_span`), ``chunked_state_adjoint`` (the state adjoint
     by products over the checkpoint intervals in float32 accumulation:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
-    products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`; off
-    until timed).
+    products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -238,6 +237,7 @@ class _Measured:
     evidence: tuple[str, ...]
     blocked_adjoint: bool = False
     chunked_state_adjoint: bool = False
+    chunked_penalty_adjoint: bool = False
 
 
 #: H200, Triton 3.6, B = 1, H = 16, bf16 unless noted.
@@ -271,6 +271,9 @@ _MEASURED: dict[int, _Measured] = {
         blocked_adjoint=False,
         # the chunk kernel needs 242176 bytes of shared memory at C = 64, above the H200's 232448.
         chunked_state_adjoint=False,
+        # the pieces' scan and piece kernels would ask 262144 and 380928 bytes of shared memory
+        # (sm90/preflight_pieces_128.json).
+        chunked_penalty_adjoint=False,
     ),
     64: _Measured(
         gate_warps=2,
@@ -293,19 +296,26 @@ _MEASURED: dict[int, _Measured] = {
             "h200/two_pass_sweeps/run8_d07206e.json",
             "h200/two_pass_sweep.json",
         ),
-        # forward + backward at T = 4096 / 16384: one pass 25.4 / 88.6 ms, 8 blocks 15.8 / 51.7
-        # (h200/adjoint.json; the chunked backend, the fused one alike).
-        blocked_adjoint=True,
-        # with the blocks: 14.9 / 43.3 ms.
+        # forward + backward at T = 4096 / 16384 (the chunked backend): one pass 25.5 / 90.3 ms;
+        # 8 blocks with the state adjoint in chunks 15.0 / 61.2, 16 blocks 16.9 / 52.5; one
+        # pass with the state adjoint in chunks and the penalty adjoint in pieces 13.6 / 44.4,
+        # the same in 8 blocks 21.1 / 82.1 (h200/adjoint_pieces.json; the fused backend 12.5 /
+        # 50.9 in one pass with both against 13.3 / 74.0 in 8 blocks with the state's).  Hence
+        # one pass with both chunked adjoints.  (Without the pieces 8 blocks took 88.6 -> 51.7
+        # ms and the state in chunks 43.3 in an earlier run: h200/adjoint.json.)
+        blocked_adjoint=False,
         chunked_state_adjoint=True,
+        chunked_penalty_adjoint=True,
     ),
     # Narrower tiles are not timed: BK = 64's choices, without the period loop.
     32: _Measured(
-        2, 4, False, False, True, True, 2, (), blocked_adjoint=True, chunked_state_adjoint=True
-    ),
+        2, 4, False, False, True, True, 2, (),
+        chunked_state_adjoint=True, chunked_penalty_adjoint=True,
+    ),  # fmt: skip
     16: _Measured(
-        2, 4, False, False, True, True, 2, (), blocked_adjoint=True, chunked_state_adjoint=True
-    ),
+        2, 4, False, False, True, True, 2, (),
+        chunked_state_adjoint=True, chunked_penalty_adjoint=True,
+    ),  # fmt: skip
 }
 
 
@@ -392,6 +402,7 @@ def plan_for(
         # The interpreter keeps the per-token state adjoint, whose planted bugs its tests run;
         # the chunked one has tests of its own.
         chunked_state_adjoint=training and row.chunked_state_adjoint and _on_gpu(device),
+        chunked_penalty_adjoint=training and row.chunked_penalty_adjoint and _on_gpu(device),
     )
 
 
