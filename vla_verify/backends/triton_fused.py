@@ -309,13 +309,29 @@ _MEASURED: dict[int, _Measured] = {
     ),
     # Narrower tiles are not timed: BK = 64's choices, without the period loop.
     32: _Measured(
-        2, 4, False, False, True, True, 2, (),
-        chunked_state_adjoint=True, chunked_penalty_adjoint=True,
-    ),  # fmt: skip
+        2,
+        4,
+        False,
+        False,
+        True,
+        True,
+        2,
+        (),
+        chunked_state_adjoint=True,
+        chunked_penalty_adjoint=True,
+    ),
     16: _Measured(
-        2, 4, False, False, True, True, 2, (),
-        chunked_state_adjoint=True, chunked_penalty_adjoint=True,
-    ),  # fmt: skip
+        2,
+        4,
+        False,
+        False,
+        True,
+        True,
+        2,
+        (),
+        chunked_state_adjoint=True,
+        chunked_penalty_adjoint=True,
+    ),
 }
 
 
