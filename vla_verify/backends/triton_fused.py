@@ -240,6 +240,20 @@ class _Measured:
     chunked_penalty_adjoint: bool = False
 
 
+#: The row of key tiles narrower than 64 (not timed): BK = 64's, without the period loop.
+_NARROW = _Measured(
+    gate_warps=2,
+    split_sums=4,
+    nudge_scalar=False,
+    period_loop_inference=False,
+    load_plain=True,
+    nudge_branch=True,
+    gate_bwd_warps=2,
+    evidence=(),
+    chunked_state_adjoint=True,
+    chunked_penalty_adjoint=True,
+)
+
 #: H200, Triton 3.6, B = 1, H = 16, bf16 unless noted.
 _MEASURED: dict[int, _Measured] = {
     128: _Measured(
@@ -307,31 +321,8 @@ _MEASURED: dict[int, _Measured] = {
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
     ),
-    # Narrower tiles are not timed: BK = 64's choices, without the period loop.
-    32: _Measured(
-        2,
-        4,
-        False,
-        False,
-        True,
-        True,
-        2,
-        (),
-        chunked_state_adjoint=True,
-        chunked_penalty_adjoint=True,
-    ),
-    16: _Measured(
-        2,
-        4,
-        False,
-        False,
-        True,
-        True,
-        2,
-        (),
-        chunked_state_adjoint=True,
-        chunked_penalty_adjoint=True,
-    ),
+    32: _NARROW,
+    16: _NARROW,
 }
 
 
