@@ -301,6 +301,40 @@ def test_penalty_block_starts_match_the_recurrence(
 
 
 @pytest.mark.parametrize(
+    ("period", "start", "block", "T", "dk"),
+    [(20, 0, 32, 100, 8), (20, 7, 48, 150, 8), (3, 2, 16, 64, 16), (1, 0, 16, 40, 8),
+     (50, 13, 64, 300, 40)],
+)  # fmt: skip
+def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block, T, dk) -> None:
+    """The kernel's block matrices (the block's steps applied column by column) equal the
+    products of the pieces' matrices by pairwise trees to float64 rounding, across nudges,
+    clock offsets, short last blocks and padded key widths; with each nudge planted before its
+    piece's rank-one terms they differ far beyond it (the comparison can fail)."""
+    gen = torch.Generator().manual_seed(T)
+    u = torch.randn(1, T, 2, dk, generator=gen)
+    params = tc._params(VLAConfig(nudge_period=period), torch.device("cpu"))
+    u64 = u.permute(0, 2, 1, 3).reshape(2, T, dk).double()
+    ref = tc._block_matrices_by_trees(u64, start, period, float(params[2]), block)
+
+    def rel(bug: int) -> float:
+        got = tc.penalty_block_matrices(
+            u, params, start=start, nudge_period=period, block=block, bug=bug
+        )
+        return float((got - ref).abs().amax() / ref.abs().amax())
+
+    assert rel(0) < 1e-14
+    assert rel(tc.PLANTED_BUGS["block_matrix_nudge_first"]) > 1e-4
+
+
+def test_block_matrix_nudge_first_is_rejected() -> None:
+    """The planted kernel bug end to end: the block-end check recomputes the starts from the
+    same wrong matrices, and the oracle rejects the output."""
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    planted = _planted_blocks("block_matrix_nudge_first")
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) != []
+
+
+@pytest.mark.parametrize(
     ("config", "start", "state"),
     [(PAPER, 0, False), (STRONG_NUDGE, 7, True), (VLAConfig.exact(), 3, True)],
     ids=["paper", "nudge-start7-state", "exact-state"],

@@ -122,6 +122,7 @@ PLANTED_BUGS: dict[str, int] = {
     "read_before_write": kernels.BUG_READ_BEFORE_WRITE,
     "block_starts_without_nudges": kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES,
     "unchecked_block_starts": kernels.BUG_UNCHECKED_BLOCK_STARTS,
+    "block_matrix_nudge_first": kernels.BUG_MATRIX_NUDGE_FIRST,
 }
 
 
@@ -168,7 +169,7 @@ def penalty_block_length(T: int, penalty_chunk: int, penalty_block: int | None =
 
 
 def penalty_block_starts(
-    u: torch.Tensor,
+    u: torch.Tensor | None,
     A0: torch.Tensor,
     *,
     start: int,
@@ -176,10 +177,12 @@ def penalty_block_starts(
     nudge_eta: float,
     block: int,
     normalise: bool = True,
+    matrices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The penalty ``A`` at the start of every block of ``block`` tokens (spec §2.3), float64.
 
-    ``u`` ``[BH, T, dk]`` and ``A0`` ``[BH, dk, dk]`` (symmetric positive definite) in float64;
+    ``u`` ``[BH, T, dk]`` (``None`` where ``matrices`` are given) and ``A0`` ``[BH, dk, dk]``
+    (symmetric positive definite) in float64;
     ``start`` the nudge clock (spec §2.3).  Returns ``[BH, NB, dk, dk]``, ``NB = ⌈T/block⌉``,
     block 0 starting from ``A0``.
 
@@ -187,8 +190,7 @@ def penalty_block_starts(
     ``Π ← Π + η Θ``: both are linear in ``(Π, Θ)``.  A piece of tokens between nudges with
     ``G = Σ u uᵀ`` followed by a nudge ``η`` (0 if none) acts on the stacked ``(Π; Θ)`` as the
     ``2dk × 2dk`` matrix ``E = [[I + ηG, ηI], [G, I]]``, and a block as the product of its
-    pieces' matrices, formed for all blocks at once by a pairwise tree (``⌈log₂ m⌉`` batched
-    products for ``m`` pieces per block).  ``normalise=True`` then applies each block's matrix
+    pieces' matrices.  ``normalise=True`` then applies each block's matrix
     to ``(A, I)`` and re-normalises by one solve, ``A ← Π Θ^{-1}``, block after block, so that
     no product of many blocks' matrices (whose modes separate like ``(1 + √(η‖G‖))`` per
     period) is ever formed.  ``normalise=False`` forms the blocks' prefix products by a scan
@@ -197,22 +199,87 @@ def penalty_block_starts(
     the modes' separation, so its caller checks the result (:func:`_forward`).  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
 
+    ``matrices`` ``[BH, NB, 2dk, 2dk]`` float64: the blocks' matrices, from
+    :func:`penalty_block_matrices` (the forward's way: the block's steps applied column by
+    column in one kernel); else formed here as products of the pieces' matrices by pairwise
+    trees (``⌈log₂ m⌉`` batched products for ``m`` pieces per block), the reference that the
+    kernel is tested against.
+
     Exact only where no Sherman–Morrison denominator is floored: ``δ = 1 + uᵀAu ≥ 1`` for a
     positive definite ``A``, so the caller runs one block when ``A0`` is not positive definite
     or ``sm_floor > 1``.
     """
-    BH, T, dk = u.shape
-    NB = math.ceil(T / block)
+    BH, dk = A0.shape[0], A0.shape[-1]
+    if matrices is None and u is None:
+        raise ValueError("penalty_block_starts needs u or the blocks' matrices")
+    NB = matrices.shape[1] if matrices is not None else math.ceil(u.shape[1] / block)  # type: ignore[union-attr]
     if NB == 1:
         return A0[:, None]
-    dev, f64 = u.device, torch.float64
+    dev, f64 = A0.device, torch.float64
     eye = torch.eye(dk, dtype=f64, device=dev)
     if nudge_period is None:
+        assert u is not None
+        T = u.shape[1]
         Up = torch.nn.functional.pad(u, (0, 0, 0, NB * block - T)).view(BH, NB, block, dk)
         G = Up.mT @ Up
         M = torch.linalg.inv(A0)[:, None] + (torch.cumsum(G, dim=1) - G)
         return torch.cholesky_inverse(torch.linalg.cholesky(M))
-    P = int(nudge_period)
+    X0 = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π; Θ) = (A0; I)
+    if matrices is None:
+        assert u is not None
+        matrices = _block_matrices_by_trees(u, start, int(nudge_period), nudge_eta, block)
+    Bm = matrices
+    if not normalise:
+        # Inclusive prefix products Bm_b ⋯ Bm_0 (Hillis–Steele scan); block b starts from the
+        # product of the blocks before it.
+        Pf = Bm[:, :-1]
+        step = 1
+        while step < NB - 1:
+            Pf = torch.cat([Pf[:, :step], Pf[:, step:] @ Pf[:, :-step]], dim=1)
+            step *= 2
+        XX = torch.cat([X0[:, None], Pf @ X0[:, None]], dim=1)  # [BH, NB, 2dk, dk]
+        A = torch.linalg.solve(XX[:, :, dk:], XX[:, :, :dk], left=False)  # Π Θ^{-1}, all blocks
+        return 0.5 * (A + A.mT)
+    A = A0
+    starts = [A0]
+    for b in range(NB - 1):
+        NumDen = Bm[:, b, :, :dk] @ A + Bm[:, b, :, dk:]
+        A = torch.linalg.solve(NumDen[:, dk:], NumDen[:, :dk], left=False)  # Π Θ^{-1}
+        A = 0.5 * (A + A.mT)
+        starts.append(A)
+    return torch.stack(starts, dim=1)
+
+
+def penalty_block_matrices(
+    u: torch.Tensor, params: torch.Tensor, *, start: int, nudge_period: int, block: int,
+    bug: int = 0,
+) -> torch.Tensor:  # fmt: skip
+    """Each block's matrix on ``(Π; Θ)`` (:func:`penalty_block_starts`) by
+    :func:`~.triton_chunked_kernels.penalty_block_matrix_kernel`: ``[BH, NB, 2dk, 2dk]``
+    float64 from ``u`` ``[B, T, H, dk]`` float32 (contiguous), ``params`` the configuration
+    scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``."""
+    B, T, H, dk = u.shape
+    NB = math.ceil(T / block)
+    BK = max(32, _pow2(dk))
+    nc = 32
+    out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=torch.float64, device=u.device)
+    kernels.penalty_block_matrix_kernel[(B * H, NB, 2 * BK // nc)](
+        u, out, params, T, H, start, nudge_period, block, H * dk, dk, dk,
+        BK=BK, NC=nc, CH=32, BUG=bug, num_warps=4 if BK <= 64 else 8,
+    )  # fmt: skip
+    return out
+
+
+def _block_matrices_by_trees(
+    u: torch.Tensor, start: int, P: int, nudge_eta: float, block: int
+) -> torch.Tensor:
+    """Each block's matrix on ``(Π; Θ)`` (:func:`penalty_block_starts`) as the product of its
+    pieces' matrices, by pairwise trees: ``[BH, NB, 2dk, 2dk]`` float64 from ``u``
+    ``[BH, T, dk]`` float64."""
+    BH, T, dk = u.shape
+    NB = math.ceil(T / block)
+    dev, f64 = u.device, torch.float64
+    eye = torch.eye(dk, dtype=f64, device=dev)
     t = torch.arange(T, device=dev)
     g = start + t + 1  # the global step of each token
     grp = (g - 1) // P  # the nudge period it falls in; a nudge follows its last step
@@ -248,26 +315,7 @@ def penalty_block_starts(
             E = torch.cat([prod, E[:, :, 2 * pairs :]], dim=2)
         Bm = E[:, :, 0] if Bm is None else E[:, :, 0] @ Bm
     assert Bm is not None  # m >= 2
-    X0 = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π; Θ) = (A0; I)
-    if not normalise:
-        # Inclusive prefix products Bm_b ⋯ Bm_0 (Hillis–Steele scan); block b starts from the
-        # product of the blocks before it.
-        Pf = Bm[:, :-1]
-        step = 1
-        while step < NB - 1:
-            Pf = torch.cat([Pf[:, :step], Pf[:, step:] @ Pf[:, :-step]], dim=1)
-            step *= 2
-        XX = torch.cat([X0[:, None], Pf @ X0[:, None]], dim=1)  # [BH, NB, 2dk, dk]
-        A = torch.linalg.solve(XX[:, :, dk:], XX[:, :, :dk], left=False)  # Π Θ^{-1}, all blocks
-        return 0.5 * (A + A.mT)
-    A = A0
-    starts = [A0]
-    for b in range(NB - 1):
-        NumDen = Bm[:, b, :, :dk] @ A + Bm[:, b, :, dk:]
-        A = torch.linalg.solve(NumDen[:, dk:], NumDen[:, :dk], left=False)  # Π Θ^{-1}
-        A = 0.5 * (A + A.mT)
-        starts.append(A)
-    return torch.stack(starts, dim=1)
+    return Bm
 
 
 def _symmetric_positive_definite(A: torch.Tensor) -> bool:
@@ -331,14 +379,32 @@ def _forward(
     # only where no denominator is floored (penalty_block_starts); else one block.
     block = penalty_block_length(T, CP, penalty_block) if parallel else CP * math.ceil(T / CP)
     NB = math.ceil(T / block)
-    u64 = None if NB == 1 else u.permute(0, 2, 1, 3).reshape(BH, T, dk).to(torch.float64)
+    # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
+    # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
+    # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
+    # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
+    kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
+    matrices: dict[bool, torch.Tensor] = {}
 
     def starts(normalise: bool, planted: bool) -> torch.Tensor:
-        if u64 is None:
+        if NB == 1:
             return A0[:, None]
+        if config.nudge_period is None:  # closed form from the keys' Gram matrices
+            u64 = u.permute(0, 2, 1, 3).reshape(BH, T, dk).to(torch.float64)
+            return penalty_block_starts(
+                u64, A0, start=start_mod, nudge_period=None, block=block, nudge_eta=0.0,
+                normalise=normalise,
+            )  # fmt: skip
+        if planted not in matrices:
+            matrix_bug = bug if bug == kernels.BUG_MATRIX_NUDGE_FIRST else kernels.BUG_NONE
+            matrices[planted] = penalty_block_matrices(
+                up if up.dtype == torch.float32 else u.float(), params, start=start_mod,
+                nudge_period=period, block=block,
+                bug=kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES if planted else matrix_bug,
+            )  # fmt: skip
         return penalty_block_starts(
-            u64, A0, start=start_mod, nudge_period=config.nudge_period, block=block,
-            nudge_eta=0.0 if planted else config.nudge_eta, normalise=normalise,
+            None, A0, start=start_mod, nudge_period=config.nudge_period, block=block,
+            nudge_eta=config.nudge_eta, normalise=normalise, matrices=matrices[planted],
         )  # fmt: skip
 
     # The float64 chain starts from the products-only block starts and checks them against its
@@ -353,12 +419,6 @@ def _forward(
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
     # kernel holds several: 8 warps keep them in registers.
     warps = 4 if BK <= 64 else 8
-    # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
-    # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
-    # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
-    # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
-    kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
-
     nck = math.ceil(T / _CHECKPOINT_EVERY)
     cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
 

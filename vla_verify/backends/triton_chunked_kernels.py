@@ -51,6 +51,8 @@ BUG_READ_BEFORE_WRITE = 2
 BUG_BLOCK_STARTS_WITHOUT_NUDGES = 3
 #: The same, with the check of the block starts against the chain's block ends skipped.
 BUG_UNCHECKED_BLOCK_STARTS = 4
+#: In :func:`penalty_block_matrix_kernel`: each nudge acts before its piece's rank-one terms.
+BUG_MATRIX_NUDGE_FIRST = 5
 
 
 @triton.jit
@@ -201,6 +203,82 @@ def penalty_chain_kernel(
                     cp_ = cka_ptr + ((bh * NCK + t_end // CKE) * DK + cb[:, None]) * DK
                     tl.store(cp_ + ok[None, :], Xb.to(tl.float32), mask=cm)
         tl.debug_barrier()
+
+
+@triton.jit
+def penalty_block_matrix_kernel(
+    u_ptr,  # [B, T, H, dk] float32: the penalty directions
+    m_ptr,  # [BH, NB, 2·DK, 2·DK] float64 out: each block's matrix on the stacked (Π; Θ)
+    params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
+    T,
+    H,
+    start,  # the nudge clock modulo the period
+    period,
+    block,  # tokens per block
+    s_t,
+    s_h,
+    DK,
+    BK: tl.constexpr,
+    NC: tl.constexpr,  # columns of the block matrix per program
+    CH: tl.constexpr,  # token rows per product
+    BUG: tl.constexpr,
+):
+    """Each block's ``2dk × 2dk`` matrix on ``(Π; Θ)``, ``A = Π Θ^{-1}`` (spec §2.3; the forms
+    of :func:`~vla_verify.backends.triton_chunked.penalty_block_starts`), applied column by
+    column: one program per (b·h, block, ``NC`` columns), from those columns of the identity,
+    walking the block's tokens once.  A Sherman–Morrison step is ``Θ ← Θ + u uᵀ Π`` and a
+    nudge ``Π ← Π + η Θ``; between two nudges ``Π`` is fixed, so a piece's steps are
+    ``Θ ← Θ + Uᵀ (U Π)``, two float64 products per ``CH`` rows of the piece.  ``4 dk²``
+    multiply-adds per token against ``16 dk³`` per piece for a product of the pieces' matrices
+    (``16·dk / period`` times fewer at ``dk = 64``, ``period = 20`` before padding)."""
+    bh = tl.program_id(0)
+    blk = tl.program_id(1)
+    cblk = tl.program_id(2)
+    NB = tl.num_programs(1)
+    b = bh // H
+    h = bh % H
+    eta = tl.load(params_ptr + 2)
+    if (BUG == 3) | (BUG == 4):
+        eta = eta * 0.0
+    ok = tl.arange(0, BK)
+    ot = tl.arange(0, CH)
+    col = cblk * NC + tl.arange(0, NC)  # columns of the padded [2BK, 2BK] matrix
+    Pi = tl.where(ok[:, None] == col[None, :], 1.0, 0.0).to(tl.float64)
+    Th = tl.where(ok[:, None] + BK == col[None, :], 1.0, 0.0).to(tl.float64)
+    base = b.to(tl.int64) * T * s_t + h * s_h
+    kmask = ok < DK
+    t = blk.to(tl.int64) * block
+    t_end = tl.minimum(t + block, T)
+    # Piece after piece: a piece ends at a nudge (after step t when (start + t + 1) % period
+    # == 0, spec §2.3) or at the block's end.
+    while t < t_end:
+        nudge_at = t + (period - (start + t) % period)  # the next piece's first token
+        e = tl.minimum(nudge_at, t_end)
+        if BUG == 5:
+            Pi = tl.where(e == nudge_at, Pi + eta * Th, Pi)
+        for r in range(0, tl.cdiv(e - t, CH)):
+            tok = t + r * CH + ot
+            tm = tok < e
+            rows = base + tok * s_t
+            U = tl.load(u_ptr + rows[:, None] + ok[None, :], mask=tm[:, None] & kmask[None, :],
+                        other=0.0).to(tl.float64)  # fmt: skip
+            # Uᵀ loaded transposed: Triton 3.6 fails to lower a register transpose of a
+            # float64 tile into a dot operand on sm_90.
+            UT = tl.load(u_ptr + rows[None, :] + ok[:, None], mask=tm[None, :] & kmask[:, None],
+                         other=0.0).to(tl.float64)  # fmt: skip
+            UPi = tl.dot(U, Pi, input_precision="ieee", out_dtype=tl.float64)
+            Th += tl.dot(UT, UPi, input_precision="ieee", out_dtype=tl.float64)
+        if BUG != 5:
+            Pi = tl.where(e == nudge_at, Pi + eta * Th, Pi)
+        t = e
+    # Rows and columns of the padded matrix map to the unpadded (Π; Θ): i < BK -> i,
+    # BK + i -> DK + i.
+    out_col = tl.where(col < BK, col, col - BK + DK)
+    cmask = tl.where(col < BK, col, col - BK) < DK
+    mb = m_ptr + (bh * NB + blk).to(tl.int64) * (4 * DK * DK)
+    m2 = kmask[:, None] & cmask[None, :]
+    tl.store(mb + ok[:, None] * (2 * DK) + out_col[None, :], Pi, mask=m2)
+    tl.store(mb + (DK + ok[:, None]) * (2 * DK) + out_col[None, :], Th, mask=m2)
 
 
 @triton.jit
