@@ -46,6 +46,7 @@ RUN: dict[str, Any] = {
     "Ts": (4096, 16384, 65536),
     "fwdbwd_D": 64,
     "fwdbwd_Ts": (4096, 16384),
+    "matrix_block": None,
 }
 SMOKE: dict[str, Any] = {"device": "cpu", "H": 2, "Ds": (16,), "matrix_T": 96, "Ts": (64,),
                          "fwdbwd_D": 16, "fwdbwd_Ts": (64,), "matrix_block": 32}  # fmt: skip
