@@ -47,6 +47,14 @@ RUN: dict[str, Any] = {
     "fwdbwd_D": 64,
     "fwdbwd_Ts": (4096, 16384),
     "matrix_block": None,
+    "ops": (
+        "vla_triton_chunked_trees",
+        "vla_triton_chunked",
+        "vla_triton_fused",
+        "sdpa",
+        "fla_chunk_delta",
+        "fla_chunk_dplr",
+    ),
 }
 SMOKE: dict[str, Any] = {"device": "cpu", "H": 2, "Ds": (16,), "matrix_T": 96, "Ts": (64,),
                          "fwdbwd_D": 16, "fwdbwd_Ts": (64,), "matrix_block": 32}  # fmt: skip
@@ -125,7 +133,7 @@ def forward(out: dict[str, Any]) -> None:
             fns = chunk_h200._grid_fns(x, cfg, T, D)
             chunked = fns["vla_triton_chunked"]
             # Trees first, then the others, so that no op runs right after a cold allocator.
-            order = ["vla_triton_chunked_trees", *fns]
+            order = [op for op in ["vla_triton_chunked_trees", *fns] if op in RUN["ops"]]
             for op in order:
                 before = BLOCK_START_FALLBACKS[0]
                 try:
@@ -151,11 +159,14 @@ def fwdbwd(out: dict[str, Any]) -> None:
     from vla_verify.bench import _inputs, time_ms
 
     cfg = VLAConfig()
-    H, dev, D = RUN["H"], RUN["device"], RUN["fwdbwd_D"]
-    chunk_h200.RUN["fwdbwd_chunked_max_T"] = max(RUN["fwdbwd_Ts"])
-    for T in RUN["fwdbwd_Ts"]:
+    H, dev = RUN["H"], RUN["device"]
+    sizes = RUN.get("fwdbwd_sizes") or [(RUN["fwdbwd_D"], T) for T in RUN["fwdbwd_Ts"]]
+    chunk_h200.RUN["fwdbwd_chunked_max_T"] = max(T for _, T in sizes)
+    for D, T in sizes:
         x = _inputs(1, T, H, D, torch.bfloat16, dev)
         for op, fn in chunk_h200._grid_fwdbwd_fns(x, cfg, T, D).items():
+            if op not in RUN["ops"]:
+                continue
             try:
                 ms = time_ms(fn, device=dev)
             except Exception as exc:
@@ -206,9 +217,20 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU interpreter")
+    ap.add_argument(
+        "--crossover",
+        action="store_true",
+        help="only the two VLA kernels (and SDPA) where they cross: forward at D = 64 and 128, "
+        "T = 1024, 2048, 8192; forward + backward at D = 64, T = 1024, 2048 and D = 128, "
+        "T = 1024, 4096, 16384",
+    )
     a = ap.parse_args()
     if a.smoke:
         RUN.update(SMOKE)
+    if a.crossover:
+        RUN.update(Ts=(1024, 2048, 8192), fwdbwd_sizes=((64, 1024), (64, 2048), (128, 1024),
+                   (128, 4096), (128, 16384)), ops=("vla_triton_chunked", "vla_triton_fused",
+                   "sdpa"))  # fmt: skip
     from vla_verify.bench import machine_info
 
     out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "matrices": [],
@@ -217,7 +239,8 @@ def main() -> None:
     RUN_PATH.append(path)
     chunk_h200.RUN["path"] = path
     t0 = time.time()
-    matrices(out)
+    if not a.crossover:
+        matrices(out)
     path.write_text(json.dumps(out, indent=1))
     if not all(m["rel_max_diff"] < 1e-10 for m in out["matrices"]):
         _log("the kernel's matrices disagree with the trees': nothing timed")
@@ -229,7 +252,7 @@ def main() -> None:
         return
     out["correctness_seconds"] = round(time.time() - t0, 1)
     forward(out)
-    if not a.smoke:
+    if not a.smoke and not a.crossover:
         breakdown(out)
     fwdbwd(out)
     out["seconds"] = round(time.time() - t0, 1)
