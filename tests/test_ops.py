@@ -38,58 +38,56 @@ def _x(T: int, grad: bool = False) -> torch.Tensor:
 
 
 def test_short_sequences_and_decoding_run_the_recurrent_kernel(kernels) -> None:
-    last = 4096 if ops.FORWARD_CROSSOVER_T is None else ops.FORWARD_CROSSOVER_T - 1
+    crossovers = [t for t in ops.FORWARD_CROSSOVER_T.values() if t is not None]
+    last = min(crossovers, default=4097) - 1
     for T in (1, 16, last):
         name, _ = ops.vla(_x(T), _x(T), _x(T), _x(T))
         assert name == "recurrent", T
 
 
 def test_without_a_measured_crossover_every_forward_is_recurrent(kernels, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", None)
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {64: None, 128: None})
     for T in (1, 64, 70000):
         assert ops.choose(T, training=False) == "recurrent"
+        assert ops.choose(T, training=False, dk=100) == "recurrent"
 
 
-def test_the_measured_crossover_picks_the_chunked_kernel_for_long_narrow_prefill(kernels) -> None:
-    T = ops.FORWARD_CROSSOVER_T
-    assert T is not None  # measured: benchmarks/results/h200/chunk.json
-    assert ops.choose(T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK) == "chunked"
-    assert ops.choose(T - 1, training=False, dk=64) == "recurrent"
-    assert ops.choose(4 * T, training=False, dk=ops.FORWARD_CROSSOVER_MAX_DK + 1) == "recurrent"
+@pytest.mark.parametrize("training", [False, True], ids=["forward", "training"])
+def test_the_measured_crossovers_pick_the_chunked_kernel_for_long_sequences(training) -> None:
+    """Each width's row (benchmarks/results/h200/forward_crossover.json): from its length on
+    the chunked kernel, below it the recurrent one; a width between rows takes the wider row."""
+    table = ops.TRAINING_CROSSOVER_T if training else ops.FORWARD_CROSSOVER_T
+    assert set(table) == {64, 128}
+    for width, T in table.items():
+        assert T is not None
+        assert ops.choose(T, training, dk=width) == "chunked"
+        assert ops.choose(T - 1, training, dk=width) == "recurrent"
+    if table[64] != table[128]:
+        T = max(t for t in table.values() if t is not None) - 1
+        assert ops.choose(T, training, dk=64) != ops.choose(T, training, dk=65)
 
 
-def test_the_measured_training_crossover_picks_the_chunked_kernel_for_long_narrow_training(
-    kernels,
-) -> None:
-    T = ops.TRAINING_CROSSOVER_T
-    assert T is not None  # measured: benchmarks/results/h200/chunk_training.json
-    assert ops.choose(T, training=True, dk=ops.FORWARD_CROSSOVER_MAX_DK) == "chunked"
-    assert ops.choose(T - 1, training=True, dk=64) == "recurrent"
-    assert ops.choose(4 * T, training=True, dk=ops.FORWARD_CROSSOVER_MAX_DK + 1) == "recurrent"
-
-
-def test_wide_keys_run_the_recurrent_kernel_at_any_length(kernels, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_MAX_DK", 2)
+def test_keys_wider_than_every_row_run_the_recurrent_kernel(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {2: 64})
     assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "recurrent"  # dk = 4 > 2
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_MAX_DK", 4)
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {4: 64})
     assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "chunked"
 
 
 def test_long_prefill_runs_the_chunked_kernel(kernels, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)  # the rule, whatever the measurement
-    T = ops.FORWARD_CROSSOVER_T
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {64: 64})  # the rule, whatever the measurement
+    T = 64
     name, kwargs = ops.vla(_x(T), _x(T), _x(T), _x(T), config=VLAConfig.exact(), start=40)
     assert name == "chunked"
     assert kwargs == {"config": VLAConfig.exact(), "initial_state": None, "start": 40}
 
 
 def test_training_follows_the_training_crossover(kernels, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", 64)
-    T = ops.FORWARD_CROSSOVER_T
-    name, _ = ops.vla(_x(T, grad=True), _x(T), _x(T), _x(T))
-    assert name == ("recurrent" if ops.TRAINING_CROSSOVER_T is None else ops.choose(T, True))
-    monkeypatch.setattr(ops, "TRAINING_CROSSOVER_T", 8)
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {64: 64})
+    monkeypatch.setattr(ops, "TRAINING_CROSSOVER_T", {64: None})
+    name, _ = ops.vla(_x(64, grad=True), _x(64), _x(64), _x(64))
+    assert name == "recurrent"
+    monkeypatch.setattr(ops, "TRAINING_CROSSOVER_T", {64: 8})
     name, _ = ops.vla(_x(8), _x(8), _x(8, grad=True), _x(8))
     assert name == "chunked"
 

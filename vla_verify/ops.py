@@ -1,11 +1,10 @@
 """One entry point for VLA on a GPU: :func:`vla` picks the kernel for the call.
 
 - The recurrent kernel (:func:`vla_verify.backends.triton_fused.fused_recurrent_vla`) for short
-  sequences and decoding, and for training below ``TRAINING_CROSSOVER_T``.
-- The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward at
-  ``T >= FORWARD_CROSSOVER_T`` (long prefill) and for training at ``T >= TRAINING_CROSSOVER_T``,
-  with keys at most ``FORWARD_CROSSOVER_MAX_DK`` wide: the lengths and widths where it was
-  measured faster.
+  sequences and decoding.
+- The chunked kernel (:func:`vla_verify.backends.triton_chunked.chunked_vla`) for the forward
+  from ``FORWARD_CROSSOVER_T`` tokens (long prefill) and for training from
+  ``TRAINING_CROSSOVER_T`` tokens: per key width, the lengths where it was measured faster.
 
 Both compute spec §2.3 with every :class:`~vla_verify.spec.VLAConfig` field and ``start``
 honoured; the choice only changes speed and rounding.  torch and triton are imported on the
@@ -23,36 +22,28 @@ from typing import Any
 from .spec import VLAConfig
 
 __all__ = [
-    "FORWARD_CROSSOVER_MAX_DK",
     "FORWARD_CROSSOVER_T",
     "TRAINING_CROSSOVER_T",
     "choose",
     "vla",
 ]
 
-#: Sequence length from which the forward runs the chunked kernel, for key widths up to
-#: :data:`FORWARD_CROSSOVER_MAX_DK`; ``None``: never.  Measured on the H200 (B = 1, H = 16,
-#: bf16, paper preset, ``benchmarks/results/h200/chunk.json``, side by side): at D = 64 the
-#: chunked forward takes 6.14 ms against the recurrent kernel's 3.43 ms at T = 4096, 11.0 against
-#: 13.7 ms at 16384 and 38.7 against 54.7 ms at 65536; the log-linear interpolation crosses at
-#: T ≈ 11 300, and the rule takes the first measured length at which the chunked kernel is
-#: faster.  With the state chain in two launches (``chunk_training.json``): 4.35 against 3.43 ms
-#: at T = 4096, 9.04 against 13.7 ms at 16384; the rule gives the same length.  The chunked
-#: kernel stays reachable with ``kernel="chunked"``.
-FORWARD_CROSSOVER_T: int | None = 16384
-#: The widest key dimension both crossovers hold for: at D = 128 the chunked forward is
-#: slower at every measured length (33.9 against 18.5 ms at T = 16384, 122 against 74.0 ms at
-#: 65536; its float64 block-start products grow as dk³), so wider keys run the recurrent kernel,
-#: in training too (the two share the backward, so the forward decides).
-FORWARD_CROSSOVER_MAX_DK = 64
-#: Sequence length from which training (inputs that require grad) runs the chunked kernel, for
-#: key widths up to :data:`FORWARD_CROSSOVER_MAX_DK`; ``None``: never.  The chunked kernel's
-#: backward is the recurrent kernel's adjoint from the chunked forward's checkpoints, so the two
-#: kernels differ only in the forward.  Measured on the H200 (B = 1, H = 16, bf16, paper preset,
-#: D = 64, forward + backward, ``benchmarks/results/h200/chunk_training.json``, side by side):
-#: chunked 25.2 against recurrent 23.6 ms at T = 4096, 88.5 against 94.3 ms at T = 16384; the
-#: rule takes the first measured length at which the chunked kernel is faster.
-TRAINING_CROSSOVER_T: int | None = 16384
+#: Sequence length from which the forward runs the chunked kernel, per key width: the row of
+#: the narrowest width at least ``dk``; no row (keys wider than every row) or ``None``: never.
+#: Measured on the H200 (B = 1, H = 16, bf16, paper preset, side by side,
+#: ``benchmarks/results/h200/forward_crossover.json`` and ``forward_block_matrices.json``),
+#: chunked against recurrent, ms: at D = 64 1.23 / 0.87 (T = 1024), 2.80 / 1.73 (2048),
+#: 2.84 / 3.44 (4096), 3.93 / 6.89 (8192); at D = 128 4.39 / 2.33 (2048), 5.91 / 4.65 (4096),
+#: 8.63 / 9.28 (8192), 16.9 / 18.6 (16384).  Each row is the first measured length from which
+#: the chunked kernel is faster.  The chunked kernel stays reachable with ``kernel="chunked"``.
+FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 8192}
+#: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
+#: key width (as :data:`FORWARD_CROSSOVER_T`).  The two kernels share the backward (the
+#: recurrent adjoint, from the chunked forward's checkpoints), so they differ in the forward
+#: only.  Forward + backward, chunked against recurrent, ms (the same runs): at D = 64 4.15 /
+#: 3.47 (T = 1024), 8.88 / 6.53 (2048), 13.8 / 12.7 (4096), 41.5 / 50.8 (16384); at D = 128
+#: 13.2 / 12.4 (1024), 50.8 / 49.8 (4096), 190 / 199 (16384).
+TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 16384, 128: 16384}
 
 _KERNELS: dict[str, Any] = {}
 
@@ -70,10 +61,10 @@ def _kernel(name: str) -> Any:
 
 def choose(T: int, training: bool, dk: int | None = None) -> str:
     """``"chunked"`` or ``"recurrent"`` for a call of ``T`` tokens with key width ``dk``
-    (``None``: any width the crossover holds for; module docstring)."""
-    if dk is not None and dk > FORWARD_CROSSOVER_MAX_DK:
-        return "recurrent"
-    crossover = TRAINING_CROSSOVER_T if training else FORWARD_CROSSOVER_T
+    (``None``: the narrowest row; module docstring)."""
+    table = TRAINING_CROSSOVER_T if training else FORWARD_CROSSOVER_T
+    widths = sorted(w for w in table if dk is None or w >= dk)
+    crossover = table[widths[0]] if widths else None
     if crossover is not None and T >= crossover:
         return "chunked"
     return "recurrent"

@@ -7,11 +7,12 @@
   option ``chunk_size`` (so :func:`vla_verify.validate` uses the chunked floor of
   :mod:`vla_verify.error_model`).
 
-The forward is three Triton launches (:mod:`.triton_chunked_kernels`): the penalty chain
+The forward is a few Triton launches (:mod:`.triton_chunked_kernels`): the penalty chain
 (Woodbury/LDLᵀ per chunk of ``penalty_chunk`` tokens, nudges inside a chunk through the
 isotropic shift ``A = B + c·I``), run in parallel over blocks of ``penalty_block`` tokens from
-block-start penalties computed by :func:`penalty_block_starts`; the per-chunk UT transform of
-the state chain; and the inter-chunk state recurrence with the read-out.  Every nudge period
+block-start penalties computed by :func:`penalty_block_starts` from each block's matrix
+(:func:`penalty_block_matrices`); the per-chunk UT transform of the state chain; the
+inter-chunk state recurrence; and the read-out.  Every nudge period
 and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of the call when
 ``(start + t) % nudge_period == 0``).
 

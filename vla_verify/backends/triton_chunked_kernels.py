@@ -1,7 +1,12 @@
 """Triton kernels of the chunked VLA forward (spec §5), used by :mod:`.triton_chunked`.
 
-Three launches, in this order:
+The launches, in this order:
 
+0. :func:`penalty_block_matrix_kernel` — each block's ``2dk × 2dk`` matrix on ``(Π; Θ)``,
+   ``A = Π Θ^{-1}``, from which the host forms the block-start penalties of step 1
+   (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts`); one program per (b, h,
+   block, ``NC`` columns), the block's Sherman–Morrison steps and nudges applied to those
+   columns of the identity as float64 products.  Only for more than one block with nudges.
 1. :func:`penalty_chain_kernel` — the ``A`` recurrence, one program per (b, h, block of
    ``CPB`` penalty chunks), chunk after chunk of ``CP`` tokens inside its block, from the
    block-start penalty that :func:`~vla_verify.backends.triton_chunked.penalty_block_starts`
