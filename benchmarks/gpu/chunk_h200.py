@@ -674,12 +674,15 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint six ways, paper preset, B = 1, H = grid_H, at ``adjoint_sizes``
-    (``--adjoint-sizes``): ``one_pass`` (``adjoint_blocks = 1``), ``blocked`` (8 blocks),
+    """The backward's adjoint eight ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
+    (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``, which keys wider than 64
     do not take), ``blocked16_chunked_state`` (16 blocks), and the state adjoint in chunks with
     the penalty adjoint in pieces (``chunked_penalty_adjoint``, keys up to 64 wide) in one pass
-    (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``).
+    (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
+    checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
+    (``one_pass_rerun``) and with the chunked ones (``one_pass_pieces_rerun``).
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
@@ -700,16 +703,21 @@ def adjoint(out: dict[str, Any]) -> None:
     out["adjoint"] = res
     H, dev = RUN["grid_H"], RUN["device"]
     default_plan = fused.plan_for
+    per_token = {"chunked_state_adjoint": False, "chunked_penalty_adjoint": False}
+    chunked = {"chunked_state_adjoint": True, "chunked_penalty_adjoint": True}
     modes = {
-        "one_pass": {"adjoint_blocks": 1, "chunked_state_adjoint": False},
-        "blocked": {"adjoint_blocks": 8, "chunked_state_adjoint": False},
-        "blocked_chunked_state": {"adjoint_blocks": 8, "chunked_state_adjoint": True},
-        "blocked16_chunked_state": {"adjoint_blocks": 16, "chunked_state_adjoint": True},
-        "one_pass_pieces": {"adjoint_blocks": 1, "chunked_state_adjoint": True,
-                            "chunked_penalty_adjoint": True},
-        "blocked_pieces": {"adjoint_blocks": 8, "chunked_state_adjoint": True,
-                           "chunked_penalty_adjoint": True},
+        "one_pass": {"adjoint_blocks": 1, **per_token},
+        "blocked": {"adjoint_blocks": 8, **per_token},
+        "blocked_chunked_state": {**per_token, "adjoint_blocks": 8, "chunked_state_adjoint": True},
+        "blocked16_chunked_state": {**per_token, "adjoint_blocks": 16,
+                                    "chunked_state_adjoint": True},
+        "one_pass_pieces": {"adjoint_blocks": 1, **chunked},
+        "blocked_pieces": {"adjoint_blocks": 8, **chunked},
+        "one_pass_rerun": {"adjoint_blocks": 1, **per_token, "parallel_rerun": True},
+        "one_pass_pieces_rerun": {"adjoint_blocks": 1, **chunked, "parallel_rerun": True},
     }  # fmt: skip
+    modes = {name: {"parallel_rerun": False, **options} for name, options in modes.items()
+             if name == "one_pass" or name in RUN.get("adjoint_modes", modes)}  # fmt: skip
 
     def mode(name: str) -> Any:
         def plan_for(*a: Any) -> Any:
@@ -773,7 +781,8 @@ def adjoint(out: dict[str, Any]) -> None:
                     if RUN.get("path"):
                         RUN["path"].write_text(json.dumps(out, indent=1))
             fused.plan_for = default_plan  # type: ignore[assignment]
-            _adjoint_breakdown(out, x, cfg, T, D)
+            if RUN.get("adjoint_breakdown", True):
+                _adjoint_breakdown(out, x, cfg, T, D)
             del x
             if not RUN["smoke"]:
                 torch.cuda.empty_cache()
@@ -866,7 +875,21 @@ def main() -> None:
         + " ".join(f"{d}x{t}" for d, t in RUN["adjoint_sizes"])
         + ")",
     )
+    ap.add_argument(
+        "--adjoint-modes",
+        nargs="+",
+        default=None,
+        metavar="MODE",
+        help="--adjoint's modes besides one_pass (default: all)",
+    )
+    ap.add_argument(
+        "--no-adjoint-breakdown", action="store_true", help="--adjoint without the kernel breakdown"
+    )
     a = ap.parse_args()
+    if a.adjoint_modes:
+        RUN["adjoint_modes"] = tuple(a.adjoint_modes)
+    if a.no_adjoint_breakdown:
+        RUN["adjoint_breakdown"] = False
     if a.smoke:
         RUN.update(SMOKE)
     if a.D:

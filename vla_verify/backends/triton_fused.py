@@ -80,6 +80,7 @@ PLANTED_BUGS: dict[str, Bug] = {
     "scan_stores_late": Bug.SCAN_STORES_LATE,
     "piece_start_drops_nudges": Bug.PIECE_START_DROPS_NUDGES,
     "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
+    "rerun_next_checkpoint": Bug.RERUN_NEXT_CHECKPOINT,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -159,7 +160,9 @@ class RecurrentPlan:
     through the sequence: :func:`_blocked_span`), ``chunked_state_adjoint`` (the state adjoint
     by products over the checkpoint intervals in float32 accumulation:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
-    products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`).
+    products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
+    ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
+    side instead of through the span: :func:`_span_rerun`).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -178,6 +181,7 @@ class RecurrentPlan:
     adjoint_blocks: int = 1
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
+    parallel_rerun: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
@@ -199,7 +203,7 @@ class RecurrentPlan:
                 )
         for name in (
             "nudge_scalar", "period_loop", "load_plain", "nudge_branch", "chunked_state_adjoint",
-            "chunked_penalty_adjoint",
+            "chunked_penalty_adjoint", "parallel_rerun",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise UnsupportedConfigurationError(
@@ -844,9 +848,7 @@ def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _
     span's checkpoint, the state adjoint, the penalty adjoint."""
     B, _, H, dk = adj.q.shape
     xs = (adj.q, adj.k, adj.u)
-    c = t_begin // adj.run.checkpoint_every
-    chain = _rerun(adj, xs, adj.cka[:, :, c].contiguous(), adj.ckz[:, :, c].contiguous(),
-                   t_begin, n, adj.start)  # fmt: skip
+    chain = _span_rerun(adj, t_begin, n)
     dS, dA, dz = cot
     *sums, dS_begin = _state_adjoint(
         adj, adj.q, adj.v, adj.do, chain[:3], adj.cks, dS, adj.dv, t_begin, n
@@ -857,6 +859,50 @@ def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _
     )  # fmt: skip
     return (dS_begin.reshape(B, H, dk, -1), dA_begin.reshape(B, H, dk, dk),
             dz_begin.reshape(B, H, dk))  # fmt: skip
+
+
+def _span_rerun(adj: _Adjoint, t_begin: int, n: int) -> tuple[torch.Tensor, ...]:
+    """The gate rerun (:func:`_rerun`) over ``t_begin ≤ t < t_begin + n`` for a one-pass span.
+
+    Through the span from its checkpoint, one program per (b, h); with ``plan.parallel_rerun``,
+    from every checkpoint of the span side by side instead: the span folded into pieces of
+    ``unit`` tokens (a multiple of the checkpoint interval and of the nudge period, so that
+    every piece starts at a checkpoint with the same nudge clock), each one more batch element,
+    and the rest of the span after the last whole piece through it.  Each piece starts from
+    the forward's own ``A`` and ``z`` at its checkpoint, so the rerun follows the forward's
+    trajectory at least as closely as one started at the span's beginning."""
+    xs = (adj.q, adj.k, adj.u)
+    every = adj.run.checkpoint_every
+    c = t_begin // every
+    unit = every if adj.period == _NEVER else every * adj.period // math.gcd(every, adj.period)
+    m = n // unit
+    if not adj.run.plan.parallel_rerun or m < 2:
+        return _rerun(adj, xs, adj.cka[:, :, c].contiguous(), adj.ckz[:, :, c].contiguous(),
+                      t_begin, n, adj.start)  # fmt: skip
+    B, _, H, dk = adj.q.shape
+    head, per = m * unit, unit // every
+    slots = c + per * torch.arange(m, device=adj.q.device)
+    if adj.run.bug == Bug.RERUN_NEXT_CHECKPOINT:
+        slots = slots + 1
+
+    def fold(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, d] -> [B·m, unit, H, d]
+        return x[:, t_begin : t_begin + head].reshape(B * m, unit, H, x.shape[-1])
+
+    a0 = adj.cka[:, :, slots].transpose(1, 2).reshape(B * m, H, dk, dk).contiguous()
+    z0 = adj.ckz[:, :, slots].transpose(1, 2).reshape(B * m, H, dk).contiguous()
+    start = (adj.start + t_begin) % adj.period if adj.period != _NEVER else 0
+    folded = _rerun(adj, tuple(fold(x) for x in xs), a0, z0, 0, unit, start)
+    # [B·m·H, unit, ·] -> [B·H, m·unit, ·]
+    parts = tuple(
+        x.reshape(B, m, H, unit, x.shape[-1]).transpose(1, 2).reshape(B * H, head, x.shape[-1])
+        for x in folded
+    )
+    if head == n:
+        return parts
+    e = c + head // every
+    tail = _rerun(adj, xs, adj.cka[:, :, e].contiguous(), adj.ckz[:, :, e].contiguous(),
+                  t_begin + head, n - head, adj.start)  # fmt: skip
+    return tuple(torch.cat([p, t], dim=1) for p, t in zip(parts, tail, strict=True))
 
 
 def _sym(x: torch.Tensor) -> torch.Tensor:

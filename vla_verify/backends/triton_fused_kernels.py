@@ -73,6 +73,7 @@ class Bug(IntEnum):
     SCAN_STORES_LATE = 7  # chunked state adjoint: dSᵀ after a chunk stored after its update
     PIECE_START_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece start without nudges
     PIECE_Y_WHOLE_T = 9  # penalty adjoint in pieces: y_t through the whole piece's T
+    RERUN_NEXT_CHECKPOINT = 10  # parallel gate rerun: each piece from the next interval's A, z
 
 
 class Downdate(IntEnum):
