@@ -945,25 +945,31 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """The measured rows: on a GPU, training at keys up to 64 wide takes one pass with both
-    chunked adjoints (the state's in chunks, the penalty's in pieces); at 128 one pass with the
+    chunked adjoints (the state's in chunks, the penalty's in pieces) and the gate rerun from
+    every checkpoint side by side; at 128 one pass with the
     per-token kernels (the chunk kernels do not fit shared memory); inference and the
     interpreter the per-token kernels."""
     tf = _fused()
     cuda = torch.device("cuda")
 
-    def plan(dk: int, device: torch.device, training: bool = True) -> tuple[int, bool, bool]:
+    def plan(dk: int, device: torch.device, training: bool = True) -> tuple[int, bool, ...]:
         tf.plan_for.cache_clear()
         p = tf.plan_for(1, 16, 16384, dk, dk, torch.bfloat16, device, training)
-        return p.adjoint_blocks, p.chunked_state_adjoint, p.chunked_penalty_adjoint
+        return (
+            p.adjoint_blocks,
+            p.chunked_state_adjoint,
+            p.chunked_penalty_adjoint,
+            p.parallel_rerun,
+        )
 
     try:
-        assert plan(64, torch.device("cpu")) == (1, False, False)
+        assert plan(64, torch.device("cpu")) == (1, False, False, False)
         monkeypatch.setattr(tf, "interpreted", lambda: False)
         monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
-        assert plan(64, cuda) == (1, True, True)
-        assert plan(32, cuda) == (1, True, True)
-        assert plan(128, cuda) == (1, False, False)
-        assert plan(64, cuda, training=False) == (1, False, False)
+        assert plan(64, cuda) == (1, True, True, True)
+        assert plan(32, cuda) == (1, True, True, True)
+        assert plan(128, cuda) == (1, False, False, False)
+        assert plan(64, cuda, training=False) == (1, False, False, False)
     finally:
         tf.plan_for.cache_clear()
 
