@@ -106,7 +106,7 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
             "median_ms": ms,
         }
 
-    for T in (1024, 8192, 65536):
+    for T in (1024, 8192, 32768, 65536):  # the crossing at 50000 lies in (32768, 65536]
         rows += [
             record("vla_triton_fused", T, T * 1e-3),
             record("vla_torch_sequential", T, T * 14e-3),
@@ -132,6 +132,32 @@ def test_c9_not_measured_without_results_and_computed_with_them(tmp_path):
     assert slow["C9.speedup"].verdict is Verdict.NOT_REPRODUCED
 
 
+@pytest.mark.parametrize(
+    ("Ts", "crossing", "verdict"),
+    [
+        ((16384, 32768, 65536), 50000, Verdict.REPRODUCED),  # (32768, 65536] inside
+        ((4096, 16384, 65536), 50000, Verdict.NOT_MEASURED),  # (16384, 65536] across 21500
+        ((1024, 4096, 8192), 3000, Verdict.NOT_REPRODUCED),  # (1024, 4096] below the window
+        ((16384, 65536, 131072), 200000, Verdict.NOT_REPRODUCED),  # slower at 131072 > 86000
+        ((16384, 65536), 200000, Verdict.NOT_MEASURED),  # slower up to 65536: longer decide
+        ((65536, 131072), 100000, Verdict.NOT_MEASURED),  # (65536, 131072] across 86000
+    ],
+)  # fmt: skip
+def test_c9_crossover_verdict_reads_the_bracket(tmp_path, Ts, crossing, verdict):
+    """Known answers: the crossing at ``crossing`` (VLA ∝ T, softmax ∝ T², equal there), the
+    verdict from the bracket the measured lengths put around it; a first faster length inside
+    the window is not enough when the length before it lies outside."""
+    rows = [{"op": "sdpa", "T": T, "D": 64, "mode": "fwd", "median_ms": T * T * 1e-8}
+            for T in Ts]  # fmt: skip
+    rows += [{"op": "vla_triton_chunked", "T": T, "D": 64, "mode": "fwd",
+              "median_ms": T * crossing * 1e-8} for T in Ts]  # fmt: skip
+    path = tmp_path / "chunk.json"
+    path.write_text(json.dumps({"machine": {}, "records": rows}))
+    ctx = tiny_context(tmp_path)
+    got = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.crossover"]
+    assert got.verdict is verdict, got.evidence
+
+
 def test_c9_crossover_takes_the_faster_vla_kernel_of_one_run(tmp_path):
     """The crossover meets softmax with the faster of the recurrent and chunked kernels, both
     timed beside SDPA in the one file it reads."""
@@ -140,7 +166,7 @@ def test_c9_crossover_takes_the_faster_vla_kernel_of_one_run(tmp_path):
         return {"op": op, "B": 1, "T": T, "H": 16, "D": 64, "dtype": "bfloat16", "mode": "fwd",
                 "median_ms": ms}  # fmt: skip
 
-    Ts = (4096, 16384, 32768, 65536)
+    Ts = (4096, 16384, 32768, 65536, 98304)
     rows = [record("sdpa", T, T * T * 1e-8) for T in Ts]
     rows += [record("vla_triton_fused", T, T * 1e-3) for T in Ts]  # beats SDPA from T = 100000
     path = tmp_path / "chunk.json"
@@ -149,10 +175,11 @@ def test_c9_crossover_takes_the_faster_vla_kernel_of_one_run(tmp_path):
     alone = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.crossover"]
     assert alone.verdict is Verdict.NOT_REPRODUCED and alone.figures["crossover_T"] is None
     assert alone.figures["extrapolated_crossover_T"] == pytest.approx(1e5, rel=1e-9)
-    rows += [record("vla_triton_chunked", T, T * 4e-4) for T in Ts]  # beats SDPA at 65536
+    rows += [record("vla_triton_chunked", T, T * 4e-4) for T in Ts]  # beats SDPA from 40000
     path.write_text(json.dumps({"machine": {}, "records": rows}))
     both = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.crossover"]
     assert both.figures["crossover_T"] == 65536 and both.verdict is Verdict.REPRODUCED
+    assert both.figures["crossover_bracket"] == [32768, 65536]
     assert both.figures["fastest_vla_kernel"][65536] == "vla_triton_chunked"
     assert both.method == f"read {path}"
     # The speed-up and the exponent still come from the package's recurrent grid.

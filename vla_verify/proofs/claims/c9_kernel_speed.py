@@ -17,8 +17,16 @@ directory; without results it says plainly that the claim is not yet measured.  
 Forward times at head dim ``D = 64`` are used ("sequential Python" is the PyTorch per-token loop,
 ``vla_torch_sequential``; "softmax attention" is PyTorch SDPA).  Sub-claims: ``C9.speedup``
 (sequential / fused at the longest common T within a factor 2 of 14), ``C9.scaling`` (fused time
-~ T^p with p ≤ 1.15 over the two longest T) and ``C9.crossover`` (the first T at which VLA
-beats softmax within a factor 2 of 43,000).
+~ T^p with p ≤ 1.15 over the two longest T) and ``C9.crossover`` (VLA beats softmax from a
+length within a factor 2 of 43,000).
+
+The crossover's verdict reads the bracket that the measured lengths put around it, not a
+single length: with VLA slower at every measured T below the first one at which it is faster,
+the crossing lies in ``(lo, hi]``, ``lo`` the measured T before ``hi`` (0 if none).
+REPRODUCED if the bracket lies inside ``[43,000/2, 2·43,000]``; NOT_REPRODUCED if it lies
+wholly below the window, or if VLA is slower at some measured T at or above the window's top
+(then the crossing is above it); otherwise NOT_MEASURED, with the lengths left to measure — a
+grid too coarse to place the crossing decides nothing.
 
 The crossover asks whether VLA, by whichever of its kernels is faster at each T, beats softmax
 attention; so it reads the run that timed the chunked kernel, the recurrent one and SDPA side
@@ -122,6 +130,12 @@ def run(
     )
     both = sorted(set(vla) & set(softmax))
     crossover = next((T for T in both if vla[T] < softmax[T]), None) if both else None
+    low, high = PAPER_CROSSOVER / 2, PAPER_CROSSOVER * 2
+    bracket: tuple[int, int | None] | None = None
+    if both:
+        slower = [T for T in both if crossover is None or T < crossover]
+        bracket = (slower[-1] if slower else 0, crossover)
+    placed = _place(bracket, low, high)
     # Where the two power laws through the two longest common T would cross (an extrapolation,
     # reported as a figure, never used for the verdict).
     extrapolated = None
@@ -132,9 +146,6 @@ def run(
         if p_s > p_f:
             extrapolated = float(T2 * (vla[T2] / softmax[T2]) ** (1.0 / (p_s - p_f)))
     kernels = ", ".join(f"{T}: {fastest[T].removeprefix('vla_triton_')}" for T in both)
-
-    def agrees(value: float | None, claimed: float) -> bool | None:
-        return None if value is None else claimed / 2 <= value <= claimed * 2
 
     def at_least(value: float | None, claimed: float) -> bool | None:
         # A speed-up is a lower bound: faster than claimed reproduces it too.
@@ -170,14 +181,14 @@ def run(
             id="C9.crossover",
             title="Kernel speed: beats softmax above ≈43k tokens",
             statement="Beats softmax attention latency above ≈43,000 tokens.",
-            formalisation="first measured T with min(fused_ms, chunked_ms) < softmax_ms, all "
-            "from one run, within ×2 of 43,000",
+            formalisation="the crossing of min(fused_ms, chunked_ms) and softmax_ms, all from "
+            "one run, bracketed by the measured T: (last T slower, first T faster] inside "
+            "[43,000/2, 2·43,000]",
             method=cross_method,
-            verdict=Verdict.from_measurement(
-                None if not both else agrees(crossover, PAPER_CROSSOVER) if crossover else False
-            ),
+            verdict=Verdict.from_measurement(placed[0]),
             figures={
                 "crossover_T": crossover,
+                "crossover_bracket": list(bracket) if bracket else None,
                 "extrapolated_crossover_T": extrapolated,
                 "vla_over_softmax_at_longest_T": vla[both[-1]] / softmax[both[-1]]
                 if both
@@ -190,6 +201,7 @@ def run(
             else None,
             evidence=cross_not_yet
             or [
+                placed[1],
                 f"crossover at T = {crossover} (measured T: {both})"
                 if crossover
                 else f"no crossover up to T = {both[-1]}: the faster VLA kernel is "
@@ -201,6 +213,31 @@ def run(
             ],
         ),
     ]
+
+
+def _place(
+    bracket: tuple[int, int | None] | None, low: float, high: float
+) -> tuple[bool | None, str]:
+    """Whether the crossing's bracket ``(lo, hi]`` (``hi`` None: VLA slower at every measured
+    T up to ``lo``) lies inside ``[low, high]`` (True), outside it (False) or across an edge
+    (None), and why (module docstring)."""
+    if bracket is None:
+        return None, "no lengths measured for both"
+    lo, hi = bracket
+    window = f"[{low:.0f}, {high:.0f}]"
+    if hi is None:
+        if lo >= high:
+            return False, f"VLA slower at T = {lo}, above the window {window}"
+        return None, (f"VLA slower up to T = {lo}, below the window's top {high:.0f}: "
+                      "longer sequences decide")  # fmt: skip
+    if hi < low:
+        return False, f"VLA faster from T = {hi}, below the window {window}"
+    if lo >= high:
+        return False, f"VLA slower at T = {lo}, above the window {window}"
+    if lo >= low and hi <= high:
+        return True, f"the crossing lies in ({lo}, {hi}], inside the window {window}"
+    return None, (f"the crossing lies in ({lo}, {hi}], across an edge of the window {window}: "
+                  "lengths between them decide")  # fmt: skip
 
 
 CLAIM = Claim("C9", "Kernel speed", run)
