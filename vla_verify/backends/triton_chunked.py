@@ -436,55 +436,62 @@ def _forward(
         )  # fmt: skip
         return X
 
+    def state_chain() -> tuple[torch.Tensor, ...]:
+        Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
+        Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+        # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
+        # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
+        # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
+        # the low-precision oracle, far above tf32's rounding.
+        prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
+        kernels.state_prep_kernel[(TP // C, BH)](
+            k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
+        )  # fmt: skip
+        o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
+        S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
+        z_out = torch.empty(BH, dk, dtype=f32, device=dev)
+        bvb = min(BV, 32)
+        # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
+        # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
+        # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
+        stages = 1 if BK > 64 else 3  # 3: Triton's default
+        # The state chain in two launches: the sequential S recurrence (two products a chunk),
+        # then every chunk's read-out at once; z at the chunk starts is a cumulative sum of keys.
+        NCk = math.ceil(T / C)
+        S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
+        E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+        kernels.state_starts_kernel[(BH, BV // bvb)](
+            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, T, dk, dv,
+            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        k_chunks = torch.zeros(BH, NCk * C, BK, dtype=f32, device=dev)
+        k_chunks[:, :T, :dk] = k.permute(0, 2, 1, 3).reshape(BH, T, dk)
+        sums = k_chunks.view(BH, NCk, C, BK).sum(2)
+        z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
+        z_pad[:, :dk] = z0
+        z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
+        z_out.copy_(z_pad[:, :dk] + sums.sum(1)[:, :dk])
+        kernels.state_output_kernel[(NCk, BH, BV // bvb)](
+            q, k, gates, E_buf, S_chunks, z_chunks, o, params, T, H, H * dk, dk, H * dv, dv,
+            DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
+            NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
+        )  # fmt: skip
+        return o, S_out, z_out, S_chunks, z_chunks
+
     X = penalty_chain(A_starts)
+    o, S_out, z_out, S_chunks, z_chunks = state_chain()
     if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
         # Each block's end, by the chain itself from its start, must be the next block's start.
+        # Checked after the state chain is queued, so that the check's synchronisation leaves
+        # the device no gap to wait in; a failed check (rare) runs both chains again.
         ends = X[:, :-1, :dk, :dk].mT
         scale = A_starts.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float64).tiny)
         gap = (ends - A_starts[:, 1:]).abs().amax(dim=(-2, -1)) / scale[:, 1:]
         if bool((gap > BLOCK_START_RTOL).any()):  # a device sync, once per call
             BLOCK_START_FALLBACKS[0] += 1
             X = penalty_chain(starts(normalise=True, planted=False))
-    Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
-    Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
-    # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
-    # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
-    # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
-    # the low-precision oracle, far above tf32's rounding.
-    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
-    kernels.state_prep_kernel[(TP // C, BH)](
-        k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
-        DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
-    )  # fmt: skip
-    o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
-    S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
-    z_out = torch.empty(BH, dk, dtype=f32, device=dev)
-    bvb = min(BV, 32)
-    # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
-    # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
-    # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
-    stages = 1 if BK > 64 else 3  # 3: Triton's default
-    # The state chain in two launches: the sequential S recurrence (two products a chunk),
-    # then every chunk's read-out at once; z at the chunk starts is a cumulative sum of keys.
-    NCk = math.ceil(T / C)
-    S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
-    E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
-    kernels.state_starts_kernel[(BH, BV // bvb)](
-        gates, Kt, Vt, S0, S_chunks, E_buf, S_out, T, dk, dv,
-        BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    k_chunks = torch.zeros(BH, NCk * C, BK, dtype=f32, device=dev)
-    k_chunks[:, :T, :dk] = k.permute(0, 2, 1, 3).reshape(BH, T, dk)
-    sums = k_chunks.view(BH, NCk, C, BK).sum(2)
-    z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
-    z_pad[:, :dk] = z0
-    z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
-    z_out.copy_(z_pad[:, :dk] + sums.sum(1)[:, :dk])
-    kernels.state_output_kernel[(NCk, BH, BV // bvb)](
-        q, k, gates, E_buf, S_chunks, z_chunks, o, params, T, H, H * dk, dk, H * dv, dv,
-        DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
-        NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
-    )  # fmt: skip
+            o, S_out, z_out, S_chunks, z_chunks = state_chain()
     A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     state = (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
     if not save_checkpoints:
