@@ -3,8 +3,9 @@
 As ``test_bench_triton.py``: ``triton.testing.do_bench`` (warm-up, CUDA-event timings, median)
 inside pytest-benchmark's ``pedantic`` call, the device median reported through a custom
 timer, so ``--benchmark-compare-fail=median:10%`` gates on GPU time.  B = 1, H = 16, bf16,
-paper preset, forward (the backward is the recurrent kernel's adjoint, gated by
-``test_bench_triton.py``).  Skipped without a CUDA GPU.
+paper preset, forward and forward + backward (the backward is the recurrent kernel's adjoint
+from the chunked forward's checkpoints, with the training plan of
+:func:`~vla_verify.backends.triton_fused.plan_for`).  Skipped without a CUDA GPU.
 
     pytest benchmarks/test_bench_triton_chunked.py --benchmark-autosave
     pytest benchmarks/test_bench_triton_chunked.py --benchmark-compare \\
@@ -30,18 +31,28 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton]
 GRID = [(D, T) for D in (64, 128) for T in (1024, 4096, 16384)]
 
 
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 @pytest.mark.parametrize(("D", "T"), GRID, ids=[f"D{d}-T{t}" for d, t in GRID])
-def test_vla_triton_chunked(benchmark, D: int, T: int) -> None:
+def test_vla_triton_chunked(benchmark, D: int, T: int, mode: str) -> None:
     import triton
 
     from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _grad_op
 
     x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
-    q, k, v, u = (x[n] for n in "qkvu")
     config = VLAConfig()
 
-    def fn() -> torch.Tensor:
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor):  # type: ignore[no-untyped-def]
         return chunked_vla(q, k, v, u, config=config)[0]
+
+    if mode == "fwd":
+        q, k, v, u = (x[n] for n in "qkvu")
+
+        def fn() -> torch.Tensor:
+            return forward(q, k, v, u)
+    else:
+        leaves = [x[n].detach().clone().requires_grad_() for n in "qkvu"]
+        fn = _grad_op(forward, leaves, x["do"])
 
     fn()  # compile and warm up before any timing
     torch.cuda.synchronize()
@@ -53,6 +64,6 @@ def test_vla_triton_chunked(benchmark, D: int, T: int) -> None:
         clock.advance(ms / 1e3)
 
     benchmark.extra_info.update(
-        {"B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16", "mode": "fwd", "op": "chunked"}
+        {"B": 1, "T": T, "H": 16, "D": D, "dtype": "bfloat16", "mode": mode, "op": "chunked"}
     )
     benchmark.pedantic(one_round, rounds=5, iterations=1, warmup_rounds=1)
