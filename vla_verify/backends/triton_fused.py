@@ -81,6 +81,7 @@ PLANTED_BUGS: dict[str, Bug] = {
     "piece_start_drops_nudges": Bug.PIECE_START_DROPS_NUDGES,
     "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
     "rerun_next_checkpoint": Bug.RERUN_NEXT_CHECKPOINT,
+    "scan_block_order": Bug.SCAN_BLOCK_ORDER,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -162,7 +163,9 @@ class RecurrentPlan:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
-    side instead of through the span: :func:`_span_rerun`).
+    side instead of through the span: :func:`_span_rerun`), ``penalty_scan_blocks`` (the
+    pieces' scan of ``Σ`` in that many blocks of pieces side by side: :func:`_penalty_scan_blocks`;
+    1 = one program per (b, h); not yet timed, so no measured row takes it).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -182,13 +185,15 @@ class RecurrentPlan:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
+    penalty_scan_blocks: int = 1
 
     def __post_init__(self) -> None:
-        if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
-            raise UnsupportedConfigurationError(
-                _NAME, f"adjoint_blocks must be an integer >= 1, got {self.adjoint_blocks!r}",
-                "adjoint_blocks",
-            )  # fmt: skip
+        for name in ("adjoint_blocks", "penalty_scan_blocks"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise UnsupportedConfigurationError(
+                    _NAME, f"{name} must be an integer >= 1, got {value!r}", name
+                )
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
             if not _is_int(value) or value < 16 or value & (value - 1):
@@ -832,11 +837,17 @@ def _penalty_adjoint_pieces(
     # After the first launch, so that the check's synchronisation overlaps it.
     if not bool((cs[..., 0] > run.config.sm_floor).all()):
         return None
-    kernels.vla_penalty_bwd_scan_kernel[(BH,)](
-        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig, dze_ptr=dze,
-        sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
-        num_warps=warps,
-    )  # fmt: skip
+    blocks = min(run.plan.penalty_scan_blocks, n_p // 2)
+    if blocks > 1:
+        sig_begin, dz_begin = _penalty_scan_blocks(
+            adj, (qm, lm, dzp), dA, dz, (sig, dze), n_p, blocks, dk, bk, warps
+        )
+    else:
+        kernels.vla_penalty_bwd_scan_kernel[(BH,)](
+            qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig,
+            dze_ptr=dze, sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk,
+            ACC=tl.float32, num_warps=warps,
+        )  # fmt: skip
     part = qm  # the scan has read Q: its buffer takes the pieces' parts of dAᵀ
     kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
@@ -848,6 +859,46 @@ def _penalty_adjoint_pieces(
     total = dA.reshape(BH, dk, dk).to(f32) + part.sum(dim=1)[:, :dk, :dk]
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin
+
+
+def _penalty_scan_blocks(
+    adj: _Adjoint, terms: tuple[torch.Tensor, ...], dA: torch.Tensor, dz: torch.Tensor,
+    outs: tuple[torch.Tensor, torch.Tensor], n_p: int, blocks: int, dk: int, bk: int,
+    warps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The pieces' scan of ``Σ`` and ``dz`` (:func:`kernels.vla_penalty_bwd_scan_kernel`) in
+    ``blocks`` blocks of pieces side by side instead of one program per (b, h): each block's
+    map from zero (``Σ_before = M Σ_after Mᵀ + L``, ``dz_before = dz_after + ℓ``,
+    :func:`kernels.vla_penalty_bwd_scan_local_kernel`), the maps chained here block after block
+    in float64 from ``dAᵀ, dz`` after the span, then every block again from its true ``Σ`` and
+    ``dz`` after it, storing them after every piece (``outs = (sig, dze)``,
+    :func:`kernels.vla_penalty_bwd_scan_final_kernel`).  ``terms = (Q, L, dz terms)`` of the
+    prep kernel.  Returns ``Σ`` ``[B·H, BK, BK]`` and ``dz`` ``[B·H, dk]`` before the span."""
+    qm, lm, dzp = terms
+    BH, dev, f32, f64 = qm.shape[0], qm.device, torch.float32, torch.float64
+    per = _cdiv(n_p, blocks)
+    blocks = _cdiv(n_p, per)
+    ml, ll = (torch.empty(BH, blocks, bk, bk, dtype=f32, device=dev) for _ in range(2))
+    dzl = torch.empty(BH, blocks, bk, dtype=f32, device=dev)
+    kernels.vla_penalty_bwd_scan_local_kernel[(BH, blocks)](
+        qm, lm, dzp, ml, ll, dzl, n_p, per, BK=bk, BUG=int(adj.run.bug), num_warps=warps,
+    )  # fmt: skip
+    sig = torch.zeros(BH, bk, bk, dtype=f64, device=dev)
+    sig[:, :dk, :dk] = _sym(dA.reshape(BH, dk, dk).double())
+    z = torch.zeros(BH, bk, dtype=f64, device=dev)
+    z[:, :dk] = dz.reshape(BH, dk).double()
+    sig_after = torch.empty(BH, blocks, bk, bk, dtype=f32, device=dev)
+    dz_after = torch.empty(BH, blocks, bk, dtype=f32, device=dev)
+    M, L, ell = ml.double(), ll.double(), dzl.double()
+    for b in reversed(range(blocks)):
+        sig_after[:, b] = sig
+        dz_after[:, b] = z
+        sig = M[:, b] @ sig @ M[:, b].mT + L[:, b]
+        z = z + ell[:, b]
+    kernels.vla_penalty_bwd_scan_final_kernel[(BH, blocks)](
+        qm, lm, dzp, sig_after, dz_after, outs[0], outs[1], n_p, per, BK=bk, num_warps=warps,
+    )  # fmt: skip
+    return sig.to(f32), z[:, :dk].to(f32)
 
 
 def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _Cotangents:
