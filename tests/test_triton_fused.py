@@ -145,6 +145,9 @@ def test_refuses_bad_argument(argument: str, value: object) -> None:
         ("gate_warps", 0),
         ("nudge_branch", "yes"),
         ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
+        ("penalty_scan_blocks", 0),
+        ("gate_bwd_maxnreg", 100),
+        ("gate_bwd_maxnreg", 512),
     ],
 )
 def test_refuses_bad_plan(field: str, value: object) -> None:

@@ -165,7 +165,9 @@ class RecurrentPlan:
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
     side instead of through the span: :func:`_span_rerun`), ``penalty_scan_blocks`` (the
     pieces' scan of ``Σ`` in that many blocks of pieces side by side: :func:`_penalty_scan_blocks`;
-    1 = one program per (b, h); not yet timed, so no measured row takes it).
+    1 = one program per (b, h); not yet timed, so no measured row takes it),
+    ``gate_bwd_maxnreg`` (a register cap for the per-token penalty adjoint's build, ``None``:
+    the compiler's choice; at BK = 128 the compiler's choice spills, not yet timed).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -186,6 +188,7 @@ class RecurrentPlan:
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
     penalty_scan_blocks: int = 1
+    gate_bwd_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("adjoint_blocks", "penalty_scan_blocks"):
@@ -194,6 +197,12 @@ class RecurrentPlan:
                 raise UnsupportedConfigurationError(
                     _NAME, f"{name} must be an integer >= 1, got {value!r}", name
                 )
+        reg = self.gate_bwd_maxnreg
+        if reg is not None and (not _is_int(reg) or not 24 <= reg <= 255 or reg % 8):
+            raise UnsupportedConfigurationError(
+                _NAME, f"gate_bwd_maxnreg must be None or a multiple of 8 in [24, 255], got "
+                f"{reg!r}", "gate_bwd_maxnreg",
+            )  # fmt: skip
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
             if not _is_int(value) or value < 16 or value & (value - 1):
@@ -769,6 +778,7 @@ def _penalty_adjoint(
         NC=ckz.numel() // (BH * dk) - 1, t_begin=t_begin, n_steps=n, BK=bk,
         NORM_GATE=run.config.normalize_gate, NORM_OUT=run.config.normalize_output, ACC=acc_tl,
         BUG=int(run.bug), DOWNDATE=int(run.downdate), num_warps=run.plan.gate_bwd_warps,
+        **({} if run.plan.gate_bwd_maxnreg is None else {"maxnreg": run.plan.gate_bwd_maxnreg}),
     )  # fmt: skip
     return dA_begin, dz_begin
 
