@@ -875,23 +875,25 @@ def test_penalty_scan_in_blocks_within_budget_and_its_bug_rejected() -> None:
     assert not all(c.passed for _, c in checks)
 
 
+@pytest.mark.parametrize("name", list(GRAD_CONFIGS))
 @pytest.mark.parametrize("chunked", [False, True], ids=["per_token", "chunked_adjoints"])
-def test_parallel_rerun_within_budget(chunked: bool) -> None:
+def test_parallel_rerun_within_budget(name: str, chunked: bool) -> None:
     """The gate rerun from every checkpoint side by side (three pieces of 4 tokens and a tail
-    of 2 at T = 14, period 4), with the per-token adjoints and with both chunked ones (the GPU
-    plan at keys up to 64 wide), within the spec §4 budget in float32."""
+    of 2 at T = 14; with period 3 each piece's clock starts at another phase), with the
+    per-token adjoints and with both chunked ones (the GPU plan at keys up to 64 wide), within
+    the spec §4 budget in float32."""
     options = {"chunked_state_adjoint": chunked, "chunked_penalty_adjoint": chunked}
     checks = _grad_check(
-        GRAD_CONFIGS["paper_nudge4"], seed=5, dtype=torch.float32, ck=4, parallel_rerun=True,
-        **options,
-    )  # fmt: skip
+        GRAD_CONFIGS[name], seed=5, dtype=torch.float32, ck=4, parallel_rerun=True, **options
+    )
     _assert_within_budget(checks)
 
 
-def test_parallel_rerun_equals_the_rerun_through_the_span() -> None:
+@pytest.mark.parametrize("period", [4, 3])
+def test_parallel_rerun_equals_the_rerun_through_the_span(period: int) -> None:
     """float64: the same gradients (to rounding) as the rerun through the span, nine pieces of 8
-    tokens and a tail of 5; from the next interval's checkpoint instead they are not."""
-    config = VLAConfig(nudge_period=4)
+    tokens and a tail of 5 (period 3: the pieces' clocks at three phases)."""
+    config = VLAConfig(nudge_period=period)
     ref = _blocked_grads(1, config)
     got = _blocked_grads(1, config, parallel_rerun=True)
     for r, g in zip(ref, got, strict=True):

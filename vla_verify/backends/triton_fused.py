@@ -608,11 +608,13 @@ class _Adjoint:
 
 def _rerun(
     adj: _Adjoint, xs: tuple[torch.Tensor, ...], a0: torch.Tensor, z0: torch.Tensor, t_begin: int,
-    n: int, start: int,
+    n: int, start: int, fold: tuple[int, int] = (1, 0),
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """:func:`kernels.vla_gate_kernel` over tokens ``t_begin ≤ t < t_begin + n`` of ``xs =
     (q, k, u)`` ``[B', T', H, dk]`` from the ``(Aᵀ, z)`` ``a0, z0`` ``[B', H, ·]``: the
-    per-token ``k̂, α̂, (α̂ᵀq, z_tᵀq), s, (1 + uᵀs, δ, ‖α‖, ‖k‖)`` ``[B'·H, n, ·]``."""
+    per-token ``k̂, α̂, (α̂ᵀq, z_tᵀq), s, (1 + uᵀs, δ, ‖α‖, ‖k‖)`` ``[B'·H, n, ·]``.  ``fold =
+    (m, L)``: ``xs`` holds a span folded into ``m`` pieces of ``L`` tokens (batch element
+    ``b₀·m + j`` piece ``j``, whose clock runs ``j·L`` steps ahead of ``start``)."""
     q, k, u = xs
     Bp, Tp, H, dk = q.shape
     BH, bk, plan, config = Bp * H, _pow2(dk), adj.run.plan, adj.run.config
@@ -626,7 +628,8 @@ def _rerun(
     kernels.vla_gate_kernel[(BH,)](
         q_ptr=q, k_ptr=k, u_ptr=u, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
         a0_ptr=a0, z0_ptr=z0, aT_ptr=a_end, zT_ptr=z_end, p_ptr=adj.params, T=Tp, H=H, DK=dk,
-        nudge_period=adj.period, start=start, t_begin=t_begin, n_steps=n, a_stride=dk, BK=bk,
+        nudge_period=adj.period, start=start, t_begin=t_begin, n_steps=n, a_stride=dk,
+        fold_m=fold[0], fold_len=fold[1], BK=bk,
         NORM_GATE=config.normalize_gate, ACC=acc_tl, DOWNDATE=int(adj.run.downdate),
         SPLIT=_split(plan, bk, loads_tile=True), NUDGE=int(_nudge(plan, forward=False)),
         LOAD_PLAIN=plan.load_plain, PERIOD_LOOP=plan.period_loop, num_warps=plan.gate_warps,
@@ -934,23 +937,22 @@ def _span_rerun(adj: _Adjoint, t_begin: int, n: int) -> tuple[torch.Tensor, ...]
     """The gate rerun (:func:`_rerun`) over ``t_begin ≤ t < t_begin + n`` for a one-pass span.
 
     Through the span from its checkpoint, one program per (b, h); with ``plan.parallel_rerun``,
-    from every checkpoint of the span side by side instead: the span folded into pieces of
-    ``unit`` tokens (a multiple of the checkpoint interval and of the nudge period, so that
-    every piece starts at a checkpoint with the same nudge clock), each one more batch element,
-    and the rest of the span after the last whole piece through it.  Each piece starts from
-    the forward's own ``A`` and ``z`` at its checkpoint, so the rerun follows the forward's
-    trajectory at least as closely as one started at the span's beginning."""
+    from every checkpoint of the span side by side instead: the span folded into pieces of one
+    checkpoint interval, each one more batch element whose nudge clock the kernel advances by
+    its offset, and the rest of the span after the last whole piece through it.  Each piece
+    starts from the forward's own ``A`` and ``z`` at its checkpoint, so the rerun follows the
+    forward's trajectory at least as closely as one started at the span's beginning."""
     xs = (adj.q, adj.k, adj.u)
     every = adj.run.checkpoint_every
     c = t_begin // every
-    unit = every if adj.period == _NEVER else every * adj.period // math.gcd(every, adj.period)
+    unit = every
     m = n // unit
     if not adj.run.plan.parallel_rerun or m < 2:
         return _rerun(adj, xs, adj.cka[:, :, c].contiguous(), adj.ckz[:, :, c].contiguous(),
                       t_begin, n, adj.start)  # fmt: skip
     B, _, H, dk = adj.q.shape
-    head, per = m * unit, unit // every
-    slots = c + per * torch.arange(m, device=adj.q.device)
+    head = m * unit
+    slots = c + torch.arange(m, device=adj.q.device)
     if adj.run.bug == Bug.RERUN_NEXT_CHECKPOINT:
         slots = slots + 1
 
@@ -960,7 +962,7 @@ def _span_rerun(adj: _Adjoint, t_begin: int, n: int) -> tuple[torch.Tensor, ...]
     a0 = adj.cka[:, :, slots].transpose(1, 2).reshape(B * m, H, dk, dk).contiguous()
     z0 = adj.ckz[:, :, slots].transpose(1, 2).reshape(B * m, H, dk).contiguous()
     start = (adj.start + t_begin) % adj.period if adj.period != _NEVER else 0
-    folded = _rerun(adj, tuple(fold(x) for x in xs), a0, z0, 0, unit, start)
+    folded = _rerun(adj, tuple(fold(x) for x in xs), a0, z0, 0, unit, start, fold=(m, unit))
     # [B·m·H, unit, ·] -> [B·H, m·unit, ·]
     parts = tuple(
         x.reshape(B, m, H, unit, x.shape[-1]).transpose(1, 2).reshape(B * H, head, x.shape[-1])

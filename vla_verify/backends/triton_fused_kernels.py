@@ -543,7 +543,7 @@ def _gate_pass(
 @triton.jit(do_not_specialize=["a_stride", "start"])
 def vla_gate_kernel(
     q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, a0_ptr, z0_ptr, aT_ptr, zT_ptr,
-    p_ptr, T, H, DK, nudge_period, start, t_begin, n_steps, a_stride,
+    p_ptr, T, H, DK, nudge_period, start, t_begin, n_steps, a_stride, fold_m, fold_len,
     BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr, DOWNDATE: tl.constexpr,
     SPLIT: tl.constexpr, NUDGE: tl.constexpr, LOAD_PLAIN: tl.constexpr,
     PERIOD_LOOP: tl.constexpr,
@@ -554,9 +554,15 @@ def vla_gate_kernel(
     ‖k‖)`` that :func:`vla_state_bwd_kernel` and :func:`vla_gate_bwd_kernel` read (the forward
     keeps no per-token history).  ``aT, zT`` receive the end state (unused).  ``a_stride`` =
     ``DK``, read only with ``LOAD_PLAIN``.  The planted bugs are the forward's, not rerun here.
+    A folded span (``fold_m`` pieces of ``fold_len`` tokens, batch element ``b = b₀·fold_m + j``
+    holding piece ``j``): piece ``j``'s clock runs ``j·fold_len`` steps ahead of ``start``
+    (``fold_m = 1``: no fold).
     """
+    i_bh = tl.program_id(0).to(tl.int64)
+    ahead = ((i_bh // H) % fold_m) * fold_len
+    start = ((start + ahead) % nudge_period).to(tl.int32)
     _gate_pass(
-        tl.program_id(0).to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr,
+        i_bh, q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr,
         cs_ptr, a0_ptr, z0_ptr, aT_ptr, zT_ptr, aT_ptr, zT_ptr, p_ptr, p_ptr, T, H, DK,
         nudge_period, start, 1, 0, t_begin, n_steps, a_stride, BK, True, False, True,
         NORM_GATE, ACC, BUG_NONE, DOWNDATE, SPLIT, NUDGE, LOAD_PLAIN, PERIOD_LOOP, 0,
