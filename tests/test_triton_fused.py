@@ -194,6 +194,7 @@ _KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla
 _CHUNKED_KERNELS = (
     "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel",
     "vla_penalty_bwd_prep_kernel", "vla_penalty_bwd_scan_kernel", "vla_penalty_bwd_piece_kernel",
+    "vla_penalty_bwd_scan_local_kernel", "vla_penalty_bwd_scan_final_kernel",
 )  # fmt: skip
 
 
@@ -206,6 +207,10 @@ class _Recorder:
 
     def __getitem__(self, grid):  # type: ignore[no-untyped-def]
         def launch(**kwargs):  # type: ignore[no-untyped-def]
+            if self.name == "vla_gate_kernel":
+                # Unfloored denominators, so that the adjoint's paths that check them (the
+                # blocks, the pieces) launch their kernels.
+                kwargs["cs_ptr"].fill_(2.0)
             args = {
                 k: (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else v
                 for k, v in kwargs.items()
@@ -246,15 +251,21 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
          for d in (5, 5, 20, 5)]  # fmt: skip
     plan = _plan(x[0], x[2])
     changed = {
-        name: (not value) if isinstance(value, bool) else 2 * value
+        name: (not value) if isinstance(value, bool) else 128 if value is None else 2 * value
         for name, value in dataclasses.asdict(plan).items()
+    }
+    # What an option needs to act on six tokens: room (whole checkpoint intervals) or the path
+    # it belongs to.
+    needs = {
+        "adjoint_blocks": {"checkpoint_every": 1},
+        "parallel_rerun": {"checkpoint_every": 1},
+        "penalty_scan_blocks": {"checkpoint_every": 1, "chunked_penalty_adjoint": True},
     }
     default = _launches(monkeypatch, be, x)
     assert {name for name, _, _ in default} == set(_KERNELS)
     for option, value in {**semantic, **changed}.items():
         assert be.options[option] != value, option
-        # Blocks of the adjoint need room: whole checkpoint intervals and nudge periods.
-        fit = {"checkpoint_every": 1} if option == "adjoint_blocks" else {}
+        fit = needs.get(option, {})
         base = _launches(monkeypatch, be.bind(**fit), x) if fit else default
         launched = _launches(monkeypatch, be.bind(**fit, **{option: value}), x)
         assert launched != base, f"option {option}={value!r} changed no launch"

@@ -894,7 +894,8 @@ def _penalty_scan_blocks(
     ml, ll = (torch.empty(BH, blocks, bk, bk, dtype=f32, device=dev) for _ in range(2))
     dzl = torch.empty(BH, blocks, bk, dtype=f32, device=dev)
     kernels.vla_penalty_bwd_scan_local_kernel[(BH, blocks)](
-        qm, lm, dzp, ml, ll, dzl, n_p, per, BK=bk, BUG=int(adj.run.bug), num_warps=warps,
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, ml_ptr=ml, ll_ptr=ll, dzl_ptr=dzl, n_p=n_p, PER=per,
+        BK=bk, BUG=int(adj.run.bug), num_warps=warps,
     )  # fmt: skip
     sig = torch.zeros(BH, bk, bk, dtype=f64, device=dev)
     sig[:, :dk, :dk] = _sym(dA.reshape(BH, dk, dk).double())
@@ -909,7 +910,8 @@ def _penalty_scan_blocks(
         sig = M[:, b] @ sig @ M[:, b].mT + L[:, b]
         z = z + ell[:, b]
     kernels.vla_penalty_bwd_scan_final_kernel[(BH, blocks)](
-        qm, lm, dzp, sig_after, dz_after, outs[0], outs[1], n_p, per, BK=bk, num_warps=warps,
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, sa_ptr=sig_after, dza_ptr=dz_after, sig_ptr=outs[0],
+        dze_ptr=outs[1], n_p=n_p, PER=per, BK=bk, num_warps=warps,
     )  # fmt: skip
     return sig.to(f32), z[:, :dk].to(f32)
 
