@@ -326,6 +326,14 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
     assert rel(tc.PLANTED_BUGS["block_matrix_nudge_first"]) > 1e-4
 
 
+def test_block_starts_without_directions_or_matrices_is_refused() -> None:
+    from vla_verify.errors import VLAInputError
+
+    A0 = torch.eye(3, dtype=torch.float64)[None]
+    with pytest.raises(VLAInputError, match="u"):
+        tc.penalty_block_starts(None, A0, start=0, nudge_period=3, nudge_eta=0.1, block=4)
+
+
 def test_block_matrix_nudge_first_is_rejected() -> None:
     """The planted kernel bug end to end: the block-end check recomputes the starts from the
     same wrong matrices, and the oracle rejects the output."""

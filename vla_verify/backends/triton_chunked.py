@@ -47,7 +47,12 @@ from typing import Any
 import torch
 import triton
 
-from ..errors import DTypeError, NonFiniteResultError, UnsupportedConfigurationError
+from ..errors import (
+    DTypeError,
+    NonFiniteResultError,
+    UnsupportedConfigurationError,
+    VLAInputError,
+)
 from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_chunked_kernels as kernels
 from . import triton_fused as fused
@@ -211,9 +216,12 @@ def penalty_block_starts(
     or ``sm_floor > 1``.
     """
     BH, dk = A0.shape[0], A0.shape[-1]
-    if matrices is None and u is None:
-        raise ValueError("penalty_block_starts needs u or the blocks' matrices")
-    NB = matrices.shape[1] if matrices is not None else math.ceil(u.shape[1] / block)  # type: ignore[union-attr]
+    if matrices is not None:
+        NB = matrices.shape[1]
+    elif u is not None:
+        NB = math.ceil(u.shape[1] / block)
+    else:
+        raise VLAInputError("u", "the penalty directions are needed where no matrices are given")
     if NB == 1:
         return A0[:, None]
     dev, f64 = A0.device, torch.float64
