@@ -473,9 +473,11 @@ def _forward(
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, T, dk, dv,
             BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
         )  # fmt: skip
-        k_chunks = torch.zeros(BH, NCk * C, BK, dtype=f32, device=dev)
-        k_chunks[:, :T, :dk] = k.permute(0, 2, 1, 3).reshape(BH, T, dk)
-        sums = k_chunks.view(BH, NCk, C, BK).sum(2)
+        # Each chunk's sum of keys, read once from the inputs' layout (the tail chunk padded).
+        kc = k if T == NCk * C else torch.nn.functional.pad(k, (0, 0, 0, 0, 0, NCk * C - T))
+        sums = torch.zeros(BH, NCk, BK, dtype=f32, device=dev)
+        sums[:, :, :dk] = (kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
+                           .permute(0, 2, 1, 3).reshape(BH, NCk, dk))  # fmt: skip
         z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
         z_pad[:, :dk] = z0
         z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
