@@ -308,8 +308,9 @@ _MEASURED: dict[int, _Measured] = {
         # the pieces' scan and piece kernels would ask 262144 and 380928 bytes of shared memory
         # (sm90/preflight_pieces_128.json).
         chunked_penalty_adjoint=False,
-        # not timed at this width (the run of h200/adjoint_rerun.json stopped before it).
-        parallel_rerun=False,
+        # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
+        # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
+        parallel_rerun=True,
     ),
     64: _Measured(
         gate_warps=2,
@@ -343,7 +344,8 @@ _MEASURED: dict[int, _Measured] = {
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
         # with both chunked adjoints, forward + backward at T = 16384 27.1 against 39.5 ms (the
-        # fused backend 37.0 against 49.4; h200/adjoint_rerun.json).
+        # fused backend 37.0 against 49.4; h200/adjoint_rerun.json); the rerun in single
+        # checkpoint intervals 27.09, the pieces' scan in 8 blocks 27.21 (h200/adjoint_fold.json).
         parallel_rerun=True,
     ),
     32: _NARROW,
