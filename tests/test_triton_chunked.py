@@ -473,3 +473,73 @@ def test_check_support_says_what_cannot_run() -> None:
     reason = b.check_support(PAPER, shapes, "float64")
     assert reason is not None and "torch_chunked" in reason
     assert b.check_support(PAPER, backends.registry.Shapes(1, 8, 1, 256, 4), "float32")
+
+
+@pytest.mark.parametrize(("C", "dk", "dv", "T"), [(16, 8, 12, 40), (32, 40, 20, 70),
+                                                  (64, 24, 16, 150)])  # fmt: skip
+def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: int) -> None:
+    """``state_prep_kernel`` (16-row blocks) gives ``K̃ = T K̂``, ``Ṽ = T V`` with
+    ``T = (I + tril(K̂ Âᵀ, −1))^{-1}`` per chunk, against a float64 triangular solve, across
+    padded widths and a short last chunk; without the ``N_21 T_10`` term of ``T_20`` (chunks
+    of 64) it does not."""
+    from vla_verify.backends import triton_chunked_kernels as kernels
+
+    gen = torch.Generator().manual_seed(C)
+    H = 2
+    k = torch.rand(1, T, H, dk, generator=gen) + 0.1
+    v = torch.randn(1, T, H, dv, generator=gen)
+    BK, BV = max(32, tc._pow2(dk)), tc._pow2(dv)
+    TP = -(-T // C) * C
+    a = torch.rand(H, T, dk, generator=gen)
+    gates = torch.zeros(H, TP, BK)
+    gates[:, :T, :dk] = a / a.norm(dim=-1, keepdim=True)
+    params = tc._params(VLAConfig(), torch.device("cpu"))
+
+    def transform(bug: int) -> tuple[torch.Tensor, torch.Tensor]:
+        Kt = torch.empty(H, TP, BK)
+        Vt = torch.empty(H, TP, BV)
+        kernels.state_prep_kernel[(TP // C, H)](
+            k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC="ieee", BUG=bug,
+        )  # fmt: skip
+        return Kt[:, :T, :dk].double(), Vt[:, :T, :dv].double()
+
+    kh = k[0].double().transpose(0, 1)
+    kh = kh / kh.norm(dim=-1, keepdim=True)
+    vv = v[0].double().transpose(0, 1)
+    Kref, Vref = torch.empty_like(kh), torch.empty_like(vv)
+    # The error model of a triangular solve in float32 (Higham, Thm 8.5):
+    # |x̂ − x| ≤ γ_C |L^{-1}| |L| |x|, γ_C ≈ C·2^-24; the blocked form adds the products
+    # T_ij = −T_ii Σ N_im T_mj and T K̂ (three more of length ≤ C): a factor 4.
+    Kbound, Vbound = torch.empty_like(kh), torch.empty_like(vv)
+    for c0 in range(0, T, C):
+        sl = slice(c0, min(T, c0 + C))
+        unit = torch.eye(sl.stop - c0, dtype=torch.float64)
+        lower = unit + torch.tril(kh[:, sl] @ gates[:, sl, :dk].double().mT, -1)
+        Kref[:, sl] = torch.linalg.solve_triangular(lower, kh[:, sl], upper=False)
+        Vref[:, sl] = torch.linalg.solve_triangular(lower, vv[:, sl], upper=False)
+        growth = torch.linalg.inv(lower).abs() @ lower.abs()
+        Kbound[:, sl] = growth @ Kref[:, sl].abs()
+        Vbound[:, sl] = growth @ Vref[:, sl].abs()
+    gamma = 4 * C * 2.0**-24
+
+    def outside(bug: int) -> float:
+        """Largest error in units of the bound (≤ 1 within it)."""
+        Kt, Vt = transform(bug)
+        return max(float(((Kt - Kref).abs() / (gamma * Kbound + 1e-30)).max()),
+                   float(((Vt - Vref).abs() / (gamma * Vbound + 1e-30)).max()))  # fmt: skip
+
+    assert outside(0) <= 1.0
+    if C == 64:
+        assert outside(tc.PLANTED_BUGS["ut_block_term"]) > 100.0
+
+
+def test_ut_block_term_bug_is_rejected() -> None:
+    """The planted slip in the UT transform's blocks falls outside the oracle's budget end to
+    end (chunks of 64: the slip is in the third block row)."""
+    inputs, _ = _inputs(100, 8, 6, seed=4)
+
+    def planted(*args, **kwargs):
+        return tc.chunked_vla(*args, chunk_size=64, planted_bug="ut_block_term", **kwargs)
+
+    assert _outside_budget(planted, inputs, None, PAPER, 0, 64) != []

@@ -50,7 +50,7 @@ RUN: dict[str, Any] = {
     "variant_Ds": (64, 128),
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
-    "long_variant_blocks": (None, 1024, 2048, 4096),
+    "long_variant_blocks": (None, 512, 1024, 2048, 4096),
     # The longest forward + backward of the chunked kernel timed (its backward is the
     # recurrent kernel's adjoint from the chunked forward's checkpoints).
     "fwdbwd_chunked_max_T": 65536,

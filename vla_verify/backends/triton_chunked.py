@@ -129,6 +129,7 @@ PLANTED_BUGS: dict[str, int] = {
     "block_starts_without_nudges": kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES,
     "unchecked_block_starts": kernels.BUG_UNCHECKED_BLOCK_STARTS,
     "block_matrix_nudge_first": kernels.BUG_MATRIX_NUDGE_FIRST,
+    "ut_block_term": kernels.BUG_UT_BLOCK_TERM,
 }
 
 
@@ -454,7 +455,7 @@ def _forward(
         prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, num_warps=warps,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, BUG=bug, num_warps=warps,
         )  # fmt: skip
         o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
         S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)

@@ -25,8 +25,9 @@ The launches, in this order:
    ``X`` is read and written in row blocks of ``BKB`` rows (a ``dk × dk`` float64 tile does not
    fit in registers at ``dk = 128``).
 2. :func:`state_prep_kernel` — per chunk of ``C`` tokens, all chunks in parallel: the UT
-   transform ``T = (I + N)^{-1}``, ``N = tril(K̂ Âᵀ, −1)``, by forward substitution, then
-   ``K̃ = T K̂`` and ``Ṽ = T V``.
+   transform ``T = (I + N)^{-1}``, ``N = tril(K̂ Âᵀ, −1)``, by 16-row blocks (each diagonal
+   block by forward substitution, the blocks below it by products), then ``K̃ = T K̂`` and
+   ``Ṽ = T V``.
 3. :func:`state_starts_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h,
    block of value rows), chunk after chunk: ``E_c = Ṽ_c − K̃_c S_cᵀ`` and
    ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``.
@@ -58,6 +59,8 @@ BUG_BLOCK_STARTS_WITHOUT_NUDGES = 3
 BUG_UNCHECKED_BLOCK_STARTS = 4
 #: In :func:`penalty_block_matrix_kernel`: each nudge acts before its piece's rank-one terms.
 BUG_MATRIX_NUDGE_FIRST = 5
+#: In :func:`state_prep_kernel` (chunks of 64): ``T_20`` without its ``N_21 T_10`` term.
+BUG_UT_BLOCK_TERM = 6
 
 
 @triton.jit
@@ -287,6 +290,57 @@ def penalty_block_matrix_kernel(
 
 
 @triton.jit
+def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, norm_eps, row0,
+             TP, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """``K̂``, ``Â``, ``V`` of the 16 tokens from ``row0`` (zero past ``T``), float32."""
+    ot = tl.arange(0, 16)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    tok = row0 + ot
+    tmask = tok < T
+    mk = tmask[:, None] & (ok[None, :] < DK)
+    K = tl.load(k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :], mask=mk,
+                other=0.0).to(tl.float32)  # fmt: skip
+    rk = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(K * K, axis=1)), norm_eps)
+    mv = tmask[:, None] & (ov[None, :] < DV)
+    V = tl.load(v_ptr + b * T * sv_t + h * sv_h + tok[:, None] * sv_t + ov[None, :], mask=mv,
+                other=0.0).to(tl.float32)  # fmt: skip
+    Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
+    return K * rk[:, None], Ag, V
+
+
+@triton.jit
+def _ut_diagonal(Kh, Ag, PREC: tl.constexpr):
+    """``(I + N_ii)^{-1}`` of one 16 × 16 diagonal block, ``N_ii = tril(K̂_i Â_iᵀ, −1)``."""
+    o = tl.arange(0, 16)
+    N = tl.dot(Kh, tl.trans(Ag), input_precision=PREC)
+    return unit_lower_inverse(tl.where(o[:, None] > o[None, :], N, 0.0), o, o, 16)
+
+
+@triton.jit
+def _ut_below(Kh_i, Ag_j, PREC: tl.constexpr):
+    """``N_ij = K̂_i Â_jᵀ`` of a block below the diagonal (``i > j``)."""
+    return tl.dot(Kh_i, tl.trans(Ag_j), input_precision=PREC)
+
+
+@triton.jit
+def _ut_mm(a, b):
+    """A 16 × 16 product of the inverse's blocks in float32 (``ieee``): the blocks below the
+    diagonal stay as exact as the diagonal blocks' forward substitution, whatever ``PREC``."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _ut_store(kt_ptr, vt_ptr, Kt, Vt, bh, row0, TP, BK: tl.constexpr, BV: tl.constexpr):
+    ot = tl.arange(0, 16)
+    ok = tl.arange(0, BK)
+    ov = tl.arange(0, BV)
+    tok = row0 + ot
+    tl.store(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], Kt)
+    tl.store(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], Vt)
+
+
+@triton.jit
 def state_prep_kernel(
     k_ptr,
     v_ptr,
@@ -304,40 +358,65 @@ def state_prep_kernel(
     DV,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    C: tl.constexpr,
+    C: tl.constexpr,  # 16, 32 or 64
     TP,  # the padded length: a runtime value, so a new T compiles nothing
     PREC: tl.constexpr,
+    BUG: tl.constexpr = 0,
 ):
+    """The UT transform of one chunk by 16-row blocks: ``T = (I + N)^{-1}`` with ``T_ii`` by
+    forward substitution (16 dependent steps over a 16 × 16 tile, not ``C`` over ``C × C``) and
+    ``T_ij = −T_ii Σ_{j≤m<i} N_im T_mj`` below the diagonal, then ``K̃ = T K̂``, ``Ṽ = T V`` block
+    row by block row (the pattern of flash-linear-attention's ``solve_tril``)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     norm_eps = tl.load(params_ptr + 4).to(tl.float32)
-    ot = tl.arange(0, C)
-    ok = tl.arange(0, BK)
-    ov = tl.arange(0, BV)
-    tok = c * C + ot
-    tmask = tok < T
-    mk = tmask[:, None] & (ok[None, :] < DK)
-    mv = tmask[:, None] & (ov[None, :] < DV)
-    K = tl.load(
-        k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :], mask=mk, other=0.0
-    )
-    K = K.to(tl.float32)
-    rk = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(K * K, axis=1)), norm_eps)
-    Kh = K * rk[:, None]
-    V = tl.load(
-        v_ptr + b * T * sv_t + h * sv_h + tok[:, None] * sv_t + ov[None, :], mask=mv, other=0.0
-    )
-    V = V.to(tl.float32)
-    Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
-    N = tl.dot(Kh, tl.trans(Ag), input_precision=PREC)  # N[t, i] = k̂_t·α̂_i
-    N = tl.where(ot[:, None] > ot[None, :], N, 0.0)
-    Tm = unit_lower_inverse(N, ot, ot, C)
-    Kt = tl.dot(Tm, Kh, input_precision=PREC)
-    Vt = tl.dot(Tm, V, input_precision=PREC)
-    tl.store(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], Kt)
-    tl.store(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], Vt)
+    r0 = c * C
+    K0, A0, V0 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV,
+                          norm_eps, r0, TP, BK, BV)  # fmt: skip
+    T00 = _ut_diagonal(K0, A0, PREC)
+    _ut_store(kt_ptr, vt_ptr, tl.dot(T00, K0, input_precision=PREC),
+              tl.dot(T00, V0, input_precision=PREC), bh, r0, TP, BK, BV)  # fmt: skip
+    if C >= 32:
+        K1, A1, V1 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV,
+                              norm_eps, r0 + 16, TP, BK, BV)  # fmt: skip
+        T11 = _ut_diagonal(K1, A1, PREC)
+        T10 = -_ut_mm(T11, _ut_mm(_ut_below(K1, A0, PREC), T00))
+        Kt1 = tl.dot(T10, K0, input_precision=PREC) + tl.dot(T11, K1, input_precision=PREC)
+        Vt1 = tl.dot(T10, V0, input_precision=PREC) + tl.dot(T11, V1, input_precision=PREC)
+        _ut_store(kt_ptr, vt_ptr, Kt1, Vt1, bh, r0 + 16, TP, BK, BV)
+        if C == 64:
+            K2, A2, V2 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK,
+                                  DV, norm_eps, r0 + 32, TP, BK, BV)  # fmt: skip
+            T22 = _ut_diagonal(K2, A2, PREC)
+            N21 = _ut_below(K2, A1, PREC)
+            T21 = -_ut_mm(T22, _ut_mm(N21, T11))
+            S20 = _ut_mm(_ut_below(K2, A0, PREC), T00)
+            if BUG != 6:
+                S20 += _ut_mm(N21, T10)
+            T20 = -_ut_mm(T22, S20)
+            Kt2 = (tl.dot(T20, K0, input_precision=PREC) + tl.dot(T21, K1, input_precision=PREC)
+                   + tl.dot(T22, K2, input_precision=PREC))  # fmt: skip
+            Vt2 = (tl.dot(T20, V0, input_precision=PREC) + tl.dot(T21, V1, input_precision=PREC)
+                   + tl.dot(T22, V2, input_precision=PREC))  # fmt: skip
+            _ut_store(kt_ptr, vt_ptr, Kt2, Vt2, bh, r0 + 32, TP, BK, BV)
+            K3, A3, V3 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK,
+                                  DV, norm_eps, r0 + 48, TP, BK, BV)  # fmt: skip
+            T33 = _ut_diagonal(K3, A3, PREC)
+            N31 = _ut_below(K3, A1, PREC)
+            N32 = _ut_below(K3, A2, PREC)
+            T32 = -_ut_mm(T33, _ut_mm(N32, T22))
+            T31 = -_ut_mm(T33, _ut_mm(N31, T11) + _ut_mm(N32, T21))
+            T30 = -_ut_mm(T33, _ut_mm(_ut_below(K3, A0, PREC), T00) + _ut_mm(N31, T10)
+                          + _ut_mm(N32, T20))  # fmt: skip
+            Kt3 = (tl.dot(T30, K0, input_precision=PREC) + tl.dot(T31, K1, input_precision=PREC)
+                   + tl.dot(T32, K2, input_precision=PREC)
+                   + tl.dot(T33, K3, input_precision=PREC))  # fmt: skip
+            Vt3 = (tl.dot(T30, V0, input_precision=PREC) + tl.dot(T31, V1, input_precision=PREC)
+                   + tl.dot(T32, V2, input_precision=PREC)
+                   + tl.dot(T33, V3, input_precision=PREC))  # fmt: skip
+            _ut_store(kt_ptr, vt_ptr, Kt3, Vt3, bh, r0 + 48, TP, BK, BV)
 
 
 @triton.jit
