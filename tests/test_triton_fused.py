@@ -145,7 +145,6 @@ def test_refuses_bad_argument(argument: str, value: object) -> None:
         ("gate_warps", 0),
         ("nudge_branch", "yes"),
         ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
-        ("penalty_scan_blocks", 0),
         ("gate_bwd_maxnreg", 100),
         ("gate_bwd_maxnreg", 512),
     ],
@@ -194,7 +193,6 @@ _KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla
 _CHUNKED_KERNELS = (
     "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel",
     "vla_penalty_bwd_prep_kernel", "vla_penalty_bwd_scan_kernel", "vla_penalty_bwd_piece_kernel",
-    "vla_penalty_bwd_scan_local_kernel", "vla_penalty_bwd_scan_final_kernel",
 )  # fmt: skip
 
 
@@ -259,7 +257,6 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
     needs = {
         "adjoint_blocks": {"checkpoint_every": 1},
         "parallel_rerun": {"checkpoint_every": 1},
-        "penalty_scan_blocks": {"checkpoint_every": 1, "chunked_penalty_adjoint": True},
     }
     default = _launches(monkeypatch, be, x)
     assert {name for name, _, _ in default} == set(_KERNELS)
@@ -861,29 +858,6 @@ def test_penalty_adjoint_in_pieces_bug_is_rejected(bug: str, wrong: str) -> None
         _grad_check(config, 5, torch.float32, bug=bug, ck=8, chunked_penalty_adjoint=True)
     )
     assert not checks[wrong].passed
-
-
-@pytest.mark.parametrize("scan_blocks", [2, 3])
-def test_penalty_scan_in_blocks_equals_one_program(scan_blocks: int) -> None:
-    """The pieces' scan of ``Σ`` in blocks of pieces side by side (each block's map from zero,
-    the maps chained, each block again from its true ``Σ``) gives the gradients of the scan in
-    one program to float64 rounding (T = 77, period 4, checkpoints every 8: 20 pieces in 2 or 3
-    blocks, the last shorter); with a block's product of ``Q`` taken in reverse order they
-    differ."""
-    config = VLAConfig(nudge_period=4)
-    pieces = {"chunked_penalty_adjoint": True, "chunked_state_adjoint": True}
-    ref = _blocked_grads(1, config, dtype=torch.float32, **pieces)
-    got = _blocked_grads(1, config, dtype=torch.float32, penalty_scan_blocks=scan_blocks, **pieces)
-    for r, g in zip(ref, got, strict=True):
-        assert float((g - r).abs().max()) <= 1e-5 * (1 + float(r.abs().max()))
-
-
-def test_penalty_scan_in_blocks_within_budget_and_its_bug_rejected() -> None:
-    config = GRAD_CONFIGS["paper_nudge4"]
-    options = {"chunked_penalty_adjoint": True, "penalty_scan_blocks": 2}
-    _assert_within_budget(_grad_check(config, 5, torch.float32, ck=4, **options))
-    checks = _grad_check(config, 5, torch.float32, bug="scan_block_order", ck=4, **options)
-    assert not all(c.passed for _, c in checks)
 
 
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))

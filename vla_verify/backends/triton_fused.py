@@ -81,7 +81,6 @@ PLANTED_BUGS: dict[str, Bug] = {
     "piece_start_drops_nudges": Bug.PIECE_START_DROPS_NUDGES,
     "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
     "rerun_next_checkpoint": Bug.RERUN_NEXT_CHECKPOINT,
-    "scan_block_order": Bug.SCAN_BLOCK_ORDER,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -163,9 +162,7 @@ class RecurrentPlan:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
-    side instead of through the span: :func:`_span_rerun`), ``penalty_scan_blocks`` (the
-    pieces' scan of ``Σ`` in that many blocks of pieces side by side: :func:`_penalty_scan_blocks`;
-    1 = one program per (b, h); not yet timed, so no measured row takes it),
+    side instead of through the span: :func:`_span_rerun`),
     ``gate_bwd_maxnreg`` (a register cap for the per-token penalty adjoint's build, ``None``:
     the compiler's choice; at BK = 128 the compiler's choice spills, not yet timed).
 
@@ -187,16 +184,14 @@ class RecurrentPlan:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
-    penalty_scan_blocks: int = 1
     gate_bwd_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("adjoint_blocks", "penalty_scan_blocks"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise UnsupportedConfigurationError(
-                    _NAME, f"{name} must be an integer >= 1, got {value!r}", name
-                )
+        if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
+            raise UnsupportedConfigurationError(
+                _NAME, f"adjoint_blocks must be an integer >= 1, got {self.adjoint_blocks!r}",
+                "adjoint_blocks",
+            )  # fmt: skip
         reg = self.gate_bwd_maxnreg
         if reg is not None and (not _is_int(reg) or not 24 <= reg <= 255 or reg % 8):
             raise UnsupportedConfigurationError(
@@ -852,17 +847,11 @@ def _penalty_adjoint_pieces(
     # After the first launch, so that the check's synchronisation overlaps it.
     if not bool((cs[..., 0] > run.config.sm_floor).all()):
         return None
-    blocks = min(run.plan.penalty_scan_blocks, n_p // 2)
-    if blocks > 1:
-        sig_begin, dz_begin = _penalty_scan_blocks(
-            adj, (qm, lm, dzp), dA, dz, (sig, dze), n_p, blocks, dk, bk, warps
-        )
-    else:
-        kernels.vla_penalty_bwd_scan_kernel[(BH,)](
-            qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig,
-            dze_ptr=dze, sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk,
-            ACC=tl.float32, num_warps=warps,
-        )  # fmt: skip
+    kernels.vla_penalty_bwd_scan_kernel[(BH,)](
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig, dze_ptr=dze,
+        sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
+        num_warps=warps,
+    )  # fmt: skip
     part = qm  # the scan has read Q: its buffer takes the pieces' parts of dAᵀ
     kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
@@ -874,48 +863,6 @@ def _penalty_adjoint_pieces(
     total = dA.reshape(BH, dk, dk).to(f32) + part.sum(dim=1)[:, :dk, :dk]
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin
-
-
-def _penalty_scan_blocks(
-    adj: _Adjoint, terms: tuple[torch.Tensor, ...], dA: torch.Tensor, dz: torch.Tensor,
-    outs: tuple[torch.Tensor, torch.Tensor], n_p: int, blocks: int, dk: int, bk: int,
-    warps: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The pieces' scan of ``Σ`` and ``dz`` (:func:`kernels.vla_penalty_bwd_scan_kernel`) in
-    ``blocks`` blocks of pieces side by side instead of one program per (b, h): each block's
-    map from zero (``Σ_before = M Σ_after Mᵀ + L``, ``dz_before = dz_after + ℓ``,
-    :func:`kernels.vla_penalty_bwd_scan_local_kernel`), the maps chained here block after block
-    in float64 from ``dAᵀ, dz`` after the span, then every block again from its true ``Σ`` and
-    ``dz`` after it, storing them after every piece (``outs = (sig, dze)``,
-    :func:`kernels.vla_penalty_bwd_scan_final_kernel`).  ``terms = (Q, L, dz terms)`` of the
-    prep kernel.  Returns ``Σ`` ``[B·H, BK, BK]`` and ``dz`` ``[B·H, dk]`` before the span."""
-    qm, lm, dzp = terms
-    BH, dev, f32, f64 = qm.shape[0], qm.device, torch.float32, torch.float64
-    per = _cdiv(n_p, blocks)
-    blocks = _cdiv(n_p, per)
-    ml, ll = (torch.empty(BH, blocks, bk, bk, dtype=f32, device=dev) for _ in range(2))
-    dzl = torch.empty(BH, blocks, bk, dtype=f32, device=dev)
-    kernels.vla_penalty_bwd_scan_local_kernel[(BH, blocks)](
-        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, ml_ptr=ml, ll_ptr=ll, dzl_ptr=dzl, n_p=n_p, PER=per,
-        BK=bk, BUG=int(adj.run.bug), num_warps=warps,
-    )  # fmt: skip
-    sig = torch.zeros(BH, bk, bk, dtype=f64, device=dev)
-    sig[:, :dk, :dk] = _sym(dA.reshape(BH, dk, dk).double())
-    z = torch.zeros(BH, bk, dtype=f64, device=dev)
-    z[:, :dk] = dz.reshape(BH, dk).double()
-    sig_after = torch.empty(BH, blocks, bk, bk, dtype=f32, device=dev)
-    dz_after = torch.empty(BH, blocks, bk, dtype=f32, device=dev)
-    M, L, ell = ml.double(), ll.double(), dzl.double()
-    for b in reversed(range(blocks)):
-        sig_after[:, b] = sig
-        dz_after[:, b] = z
-        sig = M[:, b] @ sig @ M[:, b].mT + L[:, b]
-        z = z + ell[:, b]
-    kernels.vla_penalty_bwd_scan_final_kernel[(BH, blocks)](
-        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, sa_ptr=sig_after, dza_ptr=dz_after, sig_ptr=outs[0],
-        dze_ptr=outs[1], n_p=n_p, PER=per, BK=bk, num_warps=warps,
-    )  # fmt: skip
-    return sig.to(f32), z[:, :dk].to(f32)
 
 
 def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _Cotangents:

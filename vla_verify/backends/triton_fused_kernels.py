@@ -74,7 +74,6 @@ class Bug(IntEnum):
     PIECE_START_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece start without nudges
     PIECE_Y_WHOLE_T = 9  # penalty adjoint in pieces: y_t through the whole piece's T
     RERUN_NEXT_CHECKPOINT = 10  # parallel gate rerun: each piece from the next interval's A, z
-    SCAN_BLOCK_ORDER = 11  # the pieces' scan in blocks: a block's product of Q in reverse order
 
 
 class Downdate(IntEnum):
@@ -106,7 +105,6 @@ BUG_CHUNK_TRIANGLE = tl.constexpr(int(Bug.CHUNK_TRIANGLE))
 BUG_SCAN_STORES_LATE = tl.constexpr(int(Bug.SCAN_STORES_LATE))
 BUG_PIECE_START_DROPS_NUDGES = tl.constexpr(int(Bug.PIECE_START_DROPS_NUDGES))
 BUG_PIECE_Y_WHOLE_T = tl.constexpr(int(Bug.PIECE_Y_WHOLE_T))
-BUG_SCAN_BLOCK_ORDER = tl.constexpr(int(Bug.SCAN_BLOCK_ORDER))
 DOWNDATE_EXACT = tl.constexpr(int(Downdate.EXACT))
 DOWNDATE_FMA = tl.constexpr(int(Downdate.FMA))
 NUDGE_SELECT = tl.constexpr(int(Nudge.SELECT))
@@ -1391,71 +1389,6 @@ def vla_penalty_bwd_scan_kernel(
         dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
     tl.store(sig0_ptr + i_bh * BK * BK + ok[:, None] * BK + ok[None, :], sig)
     tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
-
-
-@triton.jit
-def vla_penalty_bwd_scan_local_kernel(
-    qm_ptr, lm_ptr, dzp_ptr, ml_ptr, ll_ptr, dzl_ptr, n_p, PER, BK: tl.constexpr,
-    BUG: tl.constexpr,
-):  # fmt: skip
-    """Grid ``(B·H, blocks)``: one block of ``PER`` pieces (``[b·PER, min(n_p, (b + 1)·PER))``)
-    of :func:`vla_penalty_bwd_scan_kernel`'s recurrence from zero, ``L ← Q L Qᵀ + sym(Ãᵀ K̃)``,
-    with the block's product ``M = Q_first ⋯ Q_last`` and sum of ``dz`` terms, so that
-    ``Σ`` before the block is ``M Σ_after Mᵀ + L`` (``ml``, ``ll`` ``[B·H, blocks, BK, BK]``,
-    ``dzl`` ``[B·H, blocks, BK]``).  Products in ``tf32x3``, as the scan's."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_blk = tl.program_id(1)
-    n_blk = tl.num_programs(1)
-    ok = tl.arange(0, BK)
-    sq = ok[:, None] * BK + ok[None, :]
-    L = tl.zeros([BK, BK], dtype=tl.float32)
-    M = tl.where(ok[:, None] == ok[None, :], 1.0, 0.0)
-    dz = tl.zeros([BK], dtype=tl.float32)
-    p0 = i_blk * PER
-    p1 = tl.minimum(n_p, p0 + PER)
-    for jp in range(p1 - p0):
-        ip = p1 - 1 - jp
-        tile = (i_bh * n_p + ip) * BK * BK + sq
-        Qm = tl.load(qm_ptr + tile)
-        L = tl.dot(tl.dot(Qm, L, input_precision="tf32x3"), tl.trans(Qm),
-                   input_precision="tf32x3") + tl.load(lm_ptr + tile)  # fmt: skip
-        if BUG == BUG_SCAN_BLOCK_ORDER:
-            M = tl.dot(M, Qm, input_precision="tf32x3")
-        else:
-            M = tl.dot(Qm, M, input_precision="tf32x3")
-        dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
-    out = (i_bh * n_blk + i_blk) * BK * BK + sq
-    tl.store(ml_ptr + out, M)
-    tl.store(ll_ptr + out, L)
-    tl.store(dzl_ptr + (i_bh * n_blk + i_blk) * BK + ok, dz)
-
-
-@triton.jit
-def vla_penalty_bwd_scan_final_kernel(
-    qm_ptr, lm_ptr, dzp_ptr, sa_ptr, dza_ptr, sig_ptr, dze_ptr, n_p, PER, BK: tl.constexpr,
-):  # fmt: skip
-    """Grid ``(B·H, blocks)``: :func:`vla_penalty_bwd_scan_kernel` over one block of ``PER``
-    pieces from ``Σ`` and ``dz`` after it (``sa`` ``[B·H, blocks, BK, BK]``, ``dza``
-    ``[B·H, blocks, BK]``, from the blocks' maps of
-    :func:`vla_penalty_bwd_scan_local_kernel`), storing both after every piece."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_blk = tl.program_id(1)
-    n_blk = tl.num_programs(1)
-    ok = tl.arange(0, BK)
-    sq = ok[:, None] * BK + ok[None, :]
-    sig = tl.load(sa_ptr + (i_bh * n_blk + i_blk) * BK * BK + sq)
-    dz = tl.load(dza_ptr + (i_bh * n_blk + i_blk) * BK + ok)
-    p0 = i_blk * PER
-    p1 = tl.minimum(n_p, p0 + PER)
-    for jp in range(p1 - p0):
-        ip = p1 - 1 - jp
-        tile = (i_bh * n_p + ip) * BK * BK + sq
-        tl.store(sig_ptr + tile, sig)
-        tl.store(dze_ptr + (i_bh * n_p + ip) * BK + ok, dz)
-        Qm = tl.load(qm_ptr + tile)
-        sig = tl.dot(tl.dot(Qm, sig, input_precision="tf32x3"), tl.trans(Qm),
-                     input_precision="tf32x3") + tl.load(lm_ptr + tile)  # fmt: skip
-        dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
 
 
 @triton.jit
