@@ -145,8 +145,6 @@ def test_refuses_bad_argument(argument: str, value: object) -> None:
         ("gate_warps", 0),
         ("nudge_branch", "yes"),
         ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
-        ("gate_bwd_maxnreg", 100),
-        ("gate_bwd_maxnreg", 512),
     ],
 )
 def test_refuses_bad_plan(field: str, value: object) -> None:
@@ -249,7 +247,7 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
          for d in (5, 5, 20, 5)]  # fmt: skip
     plan = _plan(x[0], x[2])
     changed = {
-        name: (not value) if isinstance(value, bool) else 128 if value is None else 2 * value
+        name: (not value) if isinstance(value, bool) else 2 * value
         for name, value in dataclasses.asdict(plan).items()
     }
     # What an option needs to act on six tokens: room (whole checkpoint intervals) or the path

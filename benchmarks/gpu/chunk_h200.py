@@ -679,7 +679,7 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint nine ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    """The backward's adjoint eight ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``, which keys wider than 64
@@ -687,9 +687,7 @@ def adjoint(out: dict[str, Any]) -> None:
     the penalty adjoint in pieces (``chunked_penalty_adjoint``, keys up to 64 wide) in one pass
     (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
     checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
-    (``one_pass_rerun``) and with the chunked ones (``one_pass_pieces_rerun``), and the per-token
-    adjoints with the parallel rerun and the penalty adjoint built for 16 warps under 128
-    registers (``one_pass_rerun_gatebwd16``, for 128-wide keys).
+    (``one_pass_rerun``) and with the chunked ones (``one_pass_pieces_rerun``).
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
@@ -722,8 +720,6 @@ def adjoint(out: dict[str, Any]) -> None:
         "blocked_pieces": {"adjoint_blocks": 8, **chunked},
         "one_pass_rerun": {"adjoint_blocks": 1, **per_token, "parallel_rerun": True},
         "one_pass_pieces_rerun": {"adjoint_blocks": 1, **chunked, "parallel_rerun": True},
-        "one_pass_rerun_gatebwd16": {"adjoint_blocks": 1, **per_token, "parallel_rerun": True,
-                                     "gate_bwd_warps": 16, "gate_bwd_maxnreg": 128},
     }  # fmt: skip
     modes = {name: {"parallel_rerun": False, **options} for name, options in modes.items()
              if name == "one_pass" or name in RUN.get("adjoint_modes", modes)}  # fmt: skip

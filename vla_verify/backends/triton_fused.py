@@ -162,9 +162,7 @@ class RecurrentPlan:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
-    side instead of through the span: :func:`_span_rerun`),
-    ``gate_bwd_maxnreg`` (a register cap for the per-token penalty adjoint's build, ``None``:
-    the compiler's choice; at BK = 128 the compiler's choice spills, not yet timed).
+    side instead of through the span: :func:`_span_rerun`).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -184,19 +182,12 @@ class RecurrentPlan:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
-    gate_bwd_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
             raise UnsupportedConfigurationError(
                 _NAME, f"adjoint_blocks must be an integer >= 1, got {self.adjoint_blocks!r}",
                 "adjoint_blocks",
-            )  # fmt: skip
-        reg = self.gate_bwd_maxnreg
-        if reg is not None and (not _is_int(reg) or not 24 <= reg <= 255 or reg % 8):
-            raise UnsupportedConfigurationError(
-                _NAME, f"gate_bwd_maxnreg must be None or a multiple of 8 in [24, 255], got "
-                f"{reg!r}", "gate_bwd_maxnreg",
             )  # fmt: skip
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
@@ -778,7 +769,6 @@ def _penalty_adjoint(
         NC=ckz.numel() // (BH * dk) - 1, t_begin=t_begin, n_steps=n, BK=bk,
         NORM_GATE=run.config.normalize_gate, NORM_OUT=run.config.normalize_output, ACC=acc_tl,
         BUG=int(run.bug), DOWNDATE=int(run.downdate), num_warps=run.plan.gate_bwd_warps,
-        **({} if run.plan.gate_bwd_maxnreg is None else {"maxnreg": run.plan.gate_bwd_maxnreg}),
     )  # fmt: skip
     return dA_begin, dz_begin
 
