@@ -59,9 +59,10 @@ from .triton_chunked_kernels import unit_lower_inverse as _unit_lower_inverse
 
 class Bug(IntEnum):
     """Planted bugs, for the meta-tests that show the checks can fail (``BUG`` constexpr; never
-    set otherwise).  Each sits in the code path the default plan runs, the last two in the
-    chunked state adjoint's (``RecurrentPlan.chunked_state_adjoint``) and the penalty adjoint's in
-    pieces (``RecurrentPlan.chunked_penalty_adjoint``)."""
+    set otherwise).  Each sits in a code path a measured plan runs: the per-token kernels, the
+    chunked state adjoint (``RecurrentPlan.chunked_state_adjoint``), the penalty adjoint in
+    pieces (``RecurrentPlan.chunked_penalty_adjoint``) and the parallel gate rerun
+    (``RecurrentPlan.parallel_rerun``), as each member's comment says."""
 
     NONE = 0
     GATE_FROM_OLD_A = 1  # α_t = A_{t-1} k̂ (the gate from the old A)
