@@ -150,8 +150,8 @@ class Backend(ABC):
         CPU; on a GPU when the backend checks its inputs too (:meth:`_checks_finite`; a GPU
         kernel's ``check_finite`` option), since reading the outputs back is a device sync per
         call, which serialises the host with the kernel (on the H200 it nearly doubled the
-        registry call of ``triton_fused`` at T = 1024, ``benchmarks/results/h200/chunk.json``,
-        ``ops_overhead``)."""
+        registry call of ``triton_fused`` at T = 1024,
+        ``benchmarks/results/h200/chunk_c3358c5.json``, ``ops_overhead``)."""
         if not self.finite_output_check:
             return False
         return device == "cpu" or self._checks_finite()
