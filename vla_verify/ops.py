@@ -40,10 +40,11 @@ FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 8192}
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
 #: key width (as :data:`FORWARD_CROSSOVER_T`).  The two kernels share the backward (the
 #: recurrent adjoint, from the chunked forward's checkpoints), so they differ in the forward
-#: only.  Forward + backward, chunked against recurrent, ms (the same runs): at D = 64 4.15 /
-#: 3.47 (T = 1024), 8.88 / 6.53 (2048), 13.8 / 12.7 (4096), 41.5 / 50.8 (16384); at D = 128
-#: 13.2 / 12.4 (1024), 50.8 / 49.8 (4096), 190 / 199 (16384).
-TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 16384, 128: 16384}
+#: only.  Forward + backward, chunked against recurrent, ms (``benchmarks/results/h200/
+#: chunk.json``, the same settings): at D = 64 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096),
+#: 27.2 / 36.4 (16384); at D = 128 11.5 / 10.7 (1024), 43.9 / 42.7 (4096), 163 / 171 (16384);
+#: and at D = 64 8.88 / 6.53 at T = 2048 (``forward_crossover.json``).
+TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 16384}
 
 _KERNELS: dict[str, Any] = {}
 
