@@ -543,3 +543,16 @@ def test_ut_block_term_bug_is_rejected() -> None:
         return tc.chunked_vla(*args, chunk_size=64, planted_bug="ut_block_term", **kwargs)
 
     assert _outside_budget(planted, inputs, None, PAPER, 0, 64) != []
+
+
+def test_penalty_block_length_follows_the_measured_rows() -> None:
+    """The default block: at least the key width's row (1024 tokens up to 64 wide, 2048 up to
+    128), at most 16 blocks, a multiple of the penalty chunk; an explicit block is kept."""
+    assert tc.penalty_block_length(16384, 16, dk=8) == 1024
+    assert tc.penalty_block_length(16384, 16, dk=64) == 1024
+    assert tc.penalty_block_length(16384, 16, dk=65) == 2048
+    assert tc.penalty_block_length(16384, 16, dk=128) == 2048
+    assert tc.penalty_block_length(65536, 16, dk=64) == 4096
+    assert tc.penalty_block_length(65536, 16, dk=128) == 4096
+    assert tc.penalty_block_length(1000, 48, dk=64) == 1056
+    assert tc.penalty_block_length(16384, 16, 256, dk=128) == 256

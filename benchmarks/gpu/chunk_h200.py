@@ -367,7 +367,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                            "mode": mode, "median_ms": ms}  # fmt: skip
                     if op == "vla_triton_chunked":
                         rec["penalty_dtype"] = _penalty_dtype(x, cfg)
-                        rec["block_tokens"] = penalty_block_length(T, 16)
+                        rec["block_tokens"] = penalty_block_length(T, 16, dk=D)
                         rec["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
                     recs.append(rec)
                     _log(rec)
@@ -393,7 +393,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                     ms = time_ms(_variant(x, cfg, block), device=dev)
                     fallbacks = BLOCK_START_FALLBACKS[0] - before
                     var.append({"D": D, "T": T, "penalty_block": block,
-                                "block_tokens": penalty_block_length(T, 16, block),
+                                "block_tokens": penalty_block_length(T, 16, block, dk=D),
                                 "median_ms": ms, "block_start_fallbacks": fallbacks})  # fmt: skip
                     _log(var[-1])
                 except Exception as exc:

@@ -89,21 +89,23 @@ Checkpoints = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
-#: T = 4096; ``benchmarks/results/h200/chunk.json``, "variants"): 5.1 ms at 16 against 7.2 ms
-#: at 32 and 12.7 ms at 64 for D = 64 (9.5 / 11.5 / 40.5 ms at D = 128).  Its LDLᵀ and
+#: T = 4096; ``benchmarks/results/h200/chunk_c3358c5.json``, "variants"): 5.1 ms at 16 against
+#: 7.2 ms at 32 and 12.7 ms at 64 for D = 64 (9.5 / 11.5 / 40.5 ms at D = 128).  Its LDLᵀ and
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
-#: penalty; :func:`penalty_block_starts`), at least: see :func:`penalty_block_length`.  The
-#: fastest measured on the H200 at D = 64 (B = 1, H = 16, bf16, T = 16384, paper preset;
-#: ``benchmarks/results/h200/chunk.json``, "variants"): blocks of 256 / 512 / 1024 / 2048
-#: tokens take 13.1 / 11.6 / 11.0 / 11.5 ms, one block of T tokens 20.6 ms (41.2 / 34.8 / 33.9 /
-#: 33.2 and 38.1 ms at D = 128).
-DEFAULT_PENALTY_BLOCK = 1024
-#: At most this many blocks.  At T = 65536, D = 64 (the same run) 64 blocks of 1024 tokens take
-#: 38.9 ms, 32 of 2048 38.2 ms and 16 of 4096 38.3 ms: past 16 blocks the penalty chain is no
-#: longer what the forward waits on.
+#: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
+#: width at least ``dk``): see :func:`penalty_block_length`.  The fastest measured on the H200
+#: (B = 1, H = 16, bf16, T = 16384, paper preset; ``benchmarks/results/h200/chunk.json``,
+#: "variants" and "variants_second_run"): at D = 64 blocks of 256 / 512 / 1024 / 2048 tokens
+#: take 7.48 / 5.79 / 4.97 / 5.55 ms, one block of T tokens 18.6 ms (second run 7.28 / 5.58 /
+#: 4.82 / 5.34, 18.5); at D = 128 26.9 / 19.7 / 16.4 / 15.2 and 34.8 ms (26.2 / 19.1 / 15.8 /
+#: 14.4, 34.9).
+DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 2048}
+#: At most this many blocks.  At T = 65536, D = 64 (the same run) blocks of 512 / 1024 / 2048 /
+#: 4096 tokens (128 / 64 / 32 / 16 blocks) take 20.8 / 17.5 / 15.8 / 15.1 ms: past 16 blocks the
+#: penalty chain is no longer what the forward waits on, and more blocks cost their starts.
 MAX_PENALTY_BLOCKS = 16
 #: The float64 chain's check of its products-only block starts: each block's end (the chain's
 #: own, from that block's start) and the next block's start agree to this relative error, or the
@@ -163,15 +165,18 @@ def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
     return _PARAMS[key]
 
 
-def penalty_block_length(T: int, penalty_chunk: int, penalty_block: int | None = None) -> int:
+def penalty_block_length(
+    T: int, penalty_chunk: int, penalty_block: int | None = None, *, dk: int = 64
+) -> int:
     """Tokens per penalty-chain block: ``penalty_block`` if given, else the smallest multiple of
-    ``penalty_chunk`` that is at least :data:`DEFAULT_PENALTY_BLOCK` and gives at most
-    :data:`MAX_PENALTY_BLOCKS` blocks over ``T`` tokens."""
+    ``penalty_chunk`` that is at least the key width's :data:`DEFAULT_PENALTY_BLOCK` and gives
+    at most :data:`MAX_PENALTY_BLOCKS` blocks over ``T`` tokens."""
     if penalty_block is not None:
         return penalty_block
+    least = next((n for w, n in sorted(DEFAULT_PENALTY_BLOCK.items()) if dk <= w),
+                 max(DEFAULT_PENALTY_BLOCK.values()))  # fmt: skip
     chunks = max(1, math.ceil(T / penalty_chunk))
-    per_block = max(math.ceil(DEFAULT_PENALTY_BLOCK / penalty_chunk),
-                    math.ceil(chunks / MAX_PENALTY_BLOCKS))  # fmt: skip
+    per_block = max(math.ceil(least / penalty_chunk), math.ceil(chunks / MAX_PENALTY_BLOCKS))
     return per_block * penalty_chunk
 
 
@@ -387,7 +392,8 @@ def _forward(
     start_mod = start % period
     # Blocks of the penalty chain run in parallel from their start penalties, which are exact
     # only where no denominator is floored (penalty_block_starts); else one block.
-    block = penalty_block_length(T, CP, penalty_block) if parallel else CP * math.ceil(T / CP)
+    block = (penalty_block_length(T, CP, penalty_block, dk=dk) if parallel
+             else CP * math.ceil(T / CP))  # fmt: skip
     NB = math.ceil(T / block)
     # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
     # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
