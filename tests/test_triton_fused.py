@@ -829,6 +829,25 @@ def test_chunked_state_adjoint_bug_is_rejected(bug: str, wrong: str) -> None:
     assert not checks[wrong].passed
 
 
+@pytest.mark.parametrize("blocks", [1, 3], ids=["one_pass", "blocked"])
+def test_chunked_state_adjoint_split_over_launches(
+    blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk kernel's outputs split over three launches (as at BK = 128, here at every
+    width) give gradients within the budget, and the split run still rejects the planted
+    triangle slip (it sits in the launch of ``dk̂``)."""
+    tf = _fused()
+    monkeypatch.setattr(tf, "_SPLIT_STATE_CHUNK_ABOVE", 0)
+    config = GRAD_CONFIGS["paper_nudge4"]
+    checks = _grad_check(
+        config, seed=5, dtype=torch.float32, chunked_state_adjoint=True, adjoint_blocks=blocks
+    )
+    _assert_within_budget(checks)
+    planted = dict(_grad_check(config, 5, torch.float32, bug="chunk_triangle_off_by_one",
+                               chunked_state_adjoint=True))  # fmt: skip
+    assert not planted["k"].passed
+
+
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
 @pytest.mark.parametrize(
     ("blocks", "ck"), [(1, 4), (1, 8), (3, 4)], ids=["one_pass", "one_pass_ck8", "blocked"]
@@ -993,6 +1012,7 @@ def test_chunked_adjoints_only_where_they_fit() -> None:
     assert tf._chunked(True, run, torch.float32, 64)
     assert tf._chunked(True, run, torch.bfloat16, 48)
     assert not tf._chunked(True, run, torch.float32, 128)
+    assert tf._chunked(True, run, torch.float32, 128, tf._MAX_CHUNKED_STATE_WIDTH)
     assert not tf._chunked(True, run, torch.float64, 64)
     assert not tf._chunked(False, run, torch.float32, 64)
     run.checkpoint_every = 128

@@ -679,7 +679,7 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint eight ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    """The backward's adjoint nine ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``, which keys wider than 64
@@ -687,7 +687,8 @@ def adjoint(out: dict[str, Any]) -> None:
     the penalty adjoint in pieces (``chunked_penalty_adjoint``, keys up to 64 wide) in one pass
     (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
     checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
-    (``one_pass_rerun``) and with the chunked ones (``one_pass_pieces_rerun``).
+    (``one_pass_rerun``), with the chunked ones (``one_pass_pieces_rerun``) and with the state
+    adjoint in chunks only (``one_pass_state_rerun``: the one that keys 128 wide take).
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
@@ -720,6 +721,8 @@ def adjoint(out: dict[str, Any]) -> None:
         "blocked_pieces": {"adjoint_blocks": 8, **chunked},
         "one_pass_rerun": {"adjoint_blocks": 1, **per_token, "parallel_rerun": True},
         "one_pass_pieces_rerun": {"adjoint_blocks": 1, **chunked, "parallel_rerun": True},
+        "one_pass_state_rerun": {"adjoint_blocks": 1, **per_token, "chunked_state_adjoint": True,
+                                 "parallel_rerun": True},
     }  # fmt: skip
     modes = {name: {"parallel_rerun": False, **options} for name, options in modes.items()
              if name == "one_pass" or name in RUN.get("adjoint_modes", modes)}  # fmt: skip
@@ -890,6 +893,14 @@ def main() -> None:
     ap.add_argument(
         "--no-adjoint-breakdown", action="store_true", help="--adjoint without the kernel breakdown"
     )
+    ap.add_argument(
+        "--adjoint-check",
+        default=None,
+        metavar="DxT",
+        help="--adjoint's gradient check size (default: "
+        + "x".join(str(n) for n in RUN["adjoint_check"])
+        + ")",
+    )
     a = ap.parse_args()
     if a.adjoint_modes:
         RUN["adjoint_modes"] = tuple(a.adjoint_modes)
@@ -901,6 +912,8 @@ def main() -> None:
         RUN["grid_Ds"] = tuple(a.D)
     if a.adjoint_sizes:
         RUN["adjoint_sizes"] = tuple(tuple(int(n) for n in s.split("x")) for s in a.adjoint_sizes)
+    if a.adjoint_check:
+        RUN["adjoint_check"] = tuple(int(n) for n in a.adjoint_check.split("x"))
     if a.fwdbwd_chunked_max_T is not None:
         RUN["fwdbwd_chunked_max_T"] = a.fwdbwd_chunked_max_T
     from vla_verify.bench import machine_info

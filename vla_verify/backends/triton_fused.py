@@ -289,7 +289,9 @@ _MEASURED: dict[int, _Measured] = {
         # forward + backward at T = 16384: 8 blocks 200.8 ms against 202.3 in one pass (fused
         # 195.8 against 196.8), not worth the blocks' memory (h200/adjoint.json).
         blocked_adjoint=False,
-        # the chunk kernel needs 242176 bytes of shared memory at C = 64, above the H200's 232448.
+        # the chunk kernel needed 242176 bytes of shared memory at C = 64 in one launch, above
+        # the H200's 232448 (h200/adjoint.json); split over three launches it builds within it
+        # (sm90/preflight_state_adjoint_128.json), not timed yet.
         chunked_state_adjoint=False,
         # the pieces' scan and piece kernels would ask 262144 and 380928 bytes of shared memory
         # (sm90/preflight_pieces_128.json).
@@ -644,7 +646,10 @@ def _state_adjoint(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     kh, ah, sc = gates
-    if _chunked(adj.run.plan.chunked_state_adjoint, adj.run, q.dtype, q.shape[-1]):
+    if _chunked(
+        adj.run.plan.chunked_state_adjoint, adj.run, q.dtype, q.shape[-1],
+        _MAX_CHUNKED_STATE_WIDTH,
+    ):  # fmt: skip
         return _state_adjoint_chunked(adj, q, v, do, gates, cks, dS, dv_out, t_begin, n)
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -662,26 +667,35 @@ def _state_adjoint(
     return sums, dn_sum, dS_begin
 
 
-#: Longest checkpoint interval and widest key tile the chunked adjoints take (their ``[C, C]``
-#: and ``[BK, BK]`` tiles).  At BK = 128 neither fits an H200 SM's 232448 bytes of shared memory:
-#: the state adjoint's chunk kernel asked 242176 (``h200/adjoint.json``), the pieces' scan and
-#: piece kernel would ask 262144 and 380928 (``sm90/preflight_pieces_128.json``).
+#: Longest checkpoint interval the chunked adjoints take (their ``[C, C]`` tiles), and the
+#: widest key tile of each.  At BK = 128 the pieces' scan and piece kernels would ask 262144 and
+#: 380928 bytes of shared memory, above an H200 SM's 232448 (``sm90/preflight_pieces_128.json``);
+#: the state adjoint fits with its chunk kernel's outputs split over three launches
+#: (:data:`_SPLIT_STATE_CHUNK_ABOVE`; ``sm90/preflight_state_adjoint_128.json``).
 _MAX_CHUNKED_INTERVAL = 64
 _MAX_CHUNKED_WIDTH = 64
+_MAX_CHUNKED_STATE_WIDTH = 128
+#: Key tiles wider than this run :func:`kernels.vla_state_bwd_chunk_kernel` once per group of
+#: outputs (``PARTS`` 1: ``dv``, ``dq``, ``dn``; 2: ``dα̂``; 4: ``dk̂``), each launch recomputing
+#: the chunk's ``E`` and ``DE``: one program computing all of them asked 274432 bytes of shared
+#: memory at BK = 128 (the three ask 196608, 229376 and 192512).
+_SPLIT_STATE_CHUNK_ABOVE = 64
 
 
-def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
+def _chunked(
+    asked: bool, run: _Run, dtype: torch.dtype, dk: int, widest: int = _MAX_CHUNKED_WIDTH
+) -> bool:
     """Whether an adjoint half runs by products (the state adjoint in chunks,
     :func:`_state_adjoint_chunked`; the penalty adjoint in pieces,
     :func:`_penalty_adjoint_pieces`): where the plan asks for it (``asked``), in float32
     accumulation (float64 keeps the per-token order of the oracle), with checkpoints at most
-    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and keys at most :data:`_MAX_CHUNKED_WIDTH` wide;
+    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and key tiles at most ``widest`` wide;
     elsewhere the per-token kernels (same results up to rounding)."""
     return (
         asked
         and _acc(dtype)[0] == torch.float32
         and run.checkpoint_every <= _MAX_CHUNKED_INTERVAL
-        and _pow2(dk) <= _MAX_CHUNKED_WIDTH
+        and _pow2(dk) <= widest
     )
 
 
@@ -726,11 +740,13 @@ def _state_adjoint_chunked(
     )  # fmt: skip
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
     dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
-    kernels.vla_state_bwd_chunk_kernel[(chunks, BH, nv)](
-        q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm, cks_ptr=cks,
-        xend_ptr=x_end, dv_ptr=dv_out, dqp_ptr=parts[0], dahp_ptr=parts[1], dkhp_ptr=parts[2],
-        dnp_ptr=dn_parts, NC=cks.numel() // (BH * dk * dvp), BUG=int(adj.run.bug), **common,
-    )  # fmt: skip
+    for out_parts in (7,) if bk <= _SPLIT_STATE_CHUNK_ABOVE else (1, 2, 4):
+        kernels.vla_state_bwd_chunk_kernel[(chunks, BH, nv)](
+            q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm,
+            cks_ptr=cks, xend_ptr=x_end, dv_ptr=dv_out, dqp_ptr=parts[0], dahp_ptr=parts[1],
+            dkhp_ptr=parts[2], dnp_ptr=dn_parts, NC=cks.numel() // (BH * dk * dvp),
+            BUG=int(adj.run.bug), PARTS=out_parts, **common,
+        )  # fmt: skip
     sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
     dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
     return sums, dn_sum, dS_begin

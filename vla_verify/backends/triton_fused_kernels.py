@@ -1118,7 +1118,7 @@ def vla_state_bwd_chunk_kernel(
     q_ptr, v_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, tm_ptr, cks_ptr, xend_ptr, dv_ptr, dqp_ptr,
     dahp_ptr, dkhp_ptr, dnp_ptr, p_ptr, T, H, DK, DV, CK, NC, t_begin, n_steps,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, NORM_OUT: tl.constexpr,
-    ACC: tl.constexpr, BUG: tl.constexpr, PREC: tl.constexpr,
+    ACC: tl.constexpr, BUG: tl.constexpr, PREC: tl.constexpr, PARTS: tl.constexpr = 7,
 ):  # fmt: skip
     """Grid ``(chunks, B·H, NV)``: every chunk's per-token adjoint from its ``S_0`` (checkpoint
     ``cks``, ``Sᵀ`` ``[B·H·NC, DK, DV]``) and its ``dSᵀ`` after it (``xend``): ``dv``, and the
@@ -1167,33 +1167,38 @@ def vla_state_bwd_chunk_kernel(
         tl.dot(Ah, X, input_precision=PREC) + tl.dot(AQ, dr, input_precision=PREC),
         input_precision=PREC,
     )
-    tl.store(dv_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :],
-             DE.to(dv_ptr.dtype.element_ty), mask=m_cv)  # fmt: skip
     S0 = tl.trans(S0T)  # [BV, BK]
-    if NORM_OUT:
-        QA = tl.where(lower, tl.dot(Q, tl.trans(Ah), input_precision=PREC), 0.0)
-        R = tl.dot(Q, S0T, input_precision=PREC) + tl.dot(QA, E, input_precision=PREC)
-        dnp = tl.sum(do * R, axis=1)
-    else:
-        dnp = tl.zeros([BC], dtype=ACC)
-    DRE = tl.where(lower, tl.dot(dr, tl.trans(E), input_precision=PREC), 0.0)
-    dqp = tl.dot(dr, S0, input_precision=PREC) + tl.dot(DRE, Ah, input_precision=PREC)
-    EDR = tl.where(upper, tl.dot(E, tl.trans(dr), input_precision=PREC), 0.0)
-    EDE = tl.where(oc[:, None] < oc[None, :], tl.dot(E, tl.trans(DE), input_precision=PREC), 0.0)
-    dahp = (tl.dot(E, tl.trans(X), input_precision=PREC) + tl.dot(EDR, Q, input_precision=PREC)
-            - tl.dot(EDE, Kh, input_precision=PREC))  # fmt: skip
-    if BUG == BUG_CHUNK_TRIANGLE:
-        strict = lower
-    else:
-        strict = oc[:, None] > oc[None, :]
-    DEE = tl.where(strict, tl.dot(DE, tl.trans(E), input_precision=PREC), 0.0)
-    dkhp = -(tl.dot(DE, S0, input_precision=PREC) + tl.dot(DEE, Ah, input_precision=PREC))
     part = (i_v * BH + i_bh) * n_steps + i0
     off = (part + oc)[:, None] * BK + ok[None, :]
-    tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
-    tl.store(dahp_ptr + off, dahp, mask=mc[:, None])
-    tl.store(dkhp_ptr + off, dkhp, mask=mc[:, None])
-    tl.store(dnp_ptr + part + oc, dnp, mask=mc)
+    if PARTS & 1:
+        tl.store(dv_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :],
+                 DE.to(dv_ptr.dtype.element_ty), mask=m_cv)  # fmt: skip
+        if NORM_OUT:
+            QA = tl.where(lower, tl.dot(Q, tl.trans(Ah), input_precision=PREC), 0.0)
+            R = tl.dot(Q, S0T, input_precision=PREC) + tl.dot(QA, E, input_precision=PREC)
+            dnp = tl.sum(do * R, axis=1)
+        else:
+            dnp = tl.zeros([BC], dtype=ACC)
+        DRE = tl.where(lower, tl.dot(dr, tl.trans(E), input_precision=PREC), 0.0)
+        dqp = tl.dot(dr, S0, input_precision=PREC) + tl.dot(DRE, Ah, input_precision=PREC)
+        tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
+        tl.store(dnp_ptr + part + oc, dnp, mask=mc)
+    if PARTS & 2:
+        EDR = tl.where(upper, tl.dot(E, tl.trans(dr), input_precision=PREC), 0.0)
+        EDE = tl.where(oc[:, None] < oc[None, :], tl.dot(E, tl.trans(DE), input_precision=PREC),
+                       0.0)  # fmt: skip
+        dahp = (tl.dot(E, tl.trans(X), input_precision=PREC)
+                + tl.dot(EDR, Q, input_precision=PREC)
+                - tl.dot(EDE, Kh, input_precision=PREC))  # fmt: skip
+        tl.store(dahp_ptr + off, dahp, mask=mc[:, None])
+    if PARTS & 4:
+        if BUG == BUG_CHUNK_TRIANGLE:
+            strict = lower
+        else:
+            strict = oc[:, None] > oc[None, :]
+        DEE = tl.where(strict, tl.dot(DE, tl.trans(E), input_precision=PREC), 0.0)
+        dkhp = -(tl.dot(DE, S0, input_precision=PREC) + tl.dot(DEE, Ah, input_precision=PREC))
+        tl.store(dkhp_ptr + off, dkhp, mask=mc[:, None])
 
 
 # -- the penalty adjoint in pieces (products over nudge-free pieces) -----------------------------
