@@ -324,6 +324,12 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
 
     assert rel(0) < 1e-14
     assert rel(tc.PLANTED_BUGS["block_matrix_nudge_first"]) > 1e-4
+    # Without the last block (the forward's call): the others unchanged, the last left zero.
+    short = tc.penalty_block_matrices(
+        u, params, start=start, nudge_period=period, block=block, last=False
+    )
+    assert float((short[:, :-1] - ref[:, :-1]).abs().amax() / ref.abs().amax()) < 1e-14
+    assert not short[:, -1].any()
 
 
 def test_block_starts_without_directions_or_matrices_is_refused() -> None:

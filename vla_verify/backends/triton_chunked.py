@@ -267,21 +267,27 @@ def penalty_block_starts(
 
 def penalty_block_matrices(
     u: torch.Tensor, params: torch.Tensor, *, start: int, nudge_period: int, block: int,
-    bug: int = 0,
+    bug: int = 0, last: bool = True,
 ) -> torch.Tensor:  # fmt: skip
     """Each block's matrix on ``(Π; Θ)`` (:func:`penalty_block_starts`) by
     :func:`~.triton_chunked_kernels.penalty_block_matrix_kernel`: ``[BH, NB, 2dk, 2dk]``
     float64 from ``u`` ``[B, T, H, dk]`` float32 (contiguous), ``params`` the configuration
-    scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``."""
+    scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``.  Without
+    ``last`` the last block's matrix is left zero: no block starts after it, so the block
+    starts never read it, and its tokens are ``1/NB`` of the kernel's work."""
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
     nc = 32
     out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=torch.float64, device=u.device)
-    kernels.penalty_block_matrix_kernel[(B * H, NB, 2 * BK // nc)](
-        u, out, params, T, H, start, nudge_period, block, H * dk, dk, dk,
-        BK=BK, NC=nc, CH=32, BUG=bug, num_warps=4 if BK <= 64 else 8,
-    )  # fmt: skip
+    built = NB if last else NB - 1
+    if built < NB:
+        out[:, built:].zero_()
+    if built > 0:
+        kernels.penalty_block_matrix_kernel[(B * H, built, 2 * BK // nc)](
+            u, out, params, T, H, start, nudge_period, block, NB, H * dk, dk, dk,
+            BK=BK, NC=nc, CH=32, BUG=bug, num_warps=4 if BK <= 64 else 8,
+        )  # fmt: skip
     return out
 
 
@@ -417,6 +423,7 @@ def _forward(
                 up if up.dtype == torch.float32 else u.float(), params, start=start_mod,
                 nudge_period=period, block=block,
                 bug=kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES if planted else matrix_bug,
+                last=False,
             )  # fmt: skip
         return penalty_block_starts(
             None, A0, start=start_mod, nudge_period=config.nudge_period, block=block,

@@ -223,6 +223,7 @@ def penalty_block_matrix_kernel(
     start,  # the nudge clock modulo the period
     period,
     block,  # tokens per block
+    NB,  # blocks in m_ptr (the grid may leave out the last, whose matrix no start needs)
     s_t,
     s_h,
     DK,
@@ -242,7 +243,6 @@ def penalty_block_matrix_kernel(
     bh = tl.program_id(0)
     blk = tl.program_id(1)
     cblk = tl.program_id(2)
-    NB = tl.num_programs(1)
     b = bh // H
     h = bh % H
     eta = tl.load(params_ptr + 2)
