@@ -877,6 +877,24 @@ def test_penalty_adjoint_in_pieces_bug_is_rejected(bug: str, wrong: str) -> None
     assert not checks[wrong].passed
 
 
+@pytest.mark.parametrize(("blocks", "ck"), [(1, 8), (3, 4)], ids=["one_pass_ck8", "blocked"])
+def test_penalty_adjoint_in_pieces_split_over_launches(
+    blocks: int, ck: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The piece kernel's outputs over three launches (as at BK = 128, here at every width)
+    give gradients within the budget, and the split run still rejects both planted bugs."""
+    tf = _fused()
+    monkeypatch.setattr(tf, "_SPLIT_PIECES_ABOVE", 0)
+    config = GRAD_CONFIGS["paper_nudge4"]
+    checks = _grad_check(config, seed=5, dtype=torch.float32, ck=ck,
+                         chunked_penalty_adjoint=True, adjoint_blocks=blocks)  # fmt: skip
+    _assert_within_budget(checks)
+    for bug, wrong in (("piece_start_drops_nudges", "k"), ("piece_y_whole_t", "A0")):
+        planted = dict(_grad_check(config, 5, torch.float32, bug=bug, ck=8,
+                                   chunked_penalty_adjoint=True))  # fmt: skip
+        assert not planted[wrong].passed, bug
+
+
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
 @pytest.mark.parametrize("chunked", [False, True], ids=["per_token", "chunked_adjoints"])
 def test_parallel_rerun_within_budget(name: str, chunked: bool) -> None:

@@ -680,22 +680,27 @@ _MAX_CHUNKED_STATE_WIDTH = 128
 #: the chunk's ``E`` and ``DE``: one program computing all of them asked 274432 bytes of shared
 #: memory at BK = 128 (the three ask 196608, 229376 and 192512).
 _SPLIT_STATE_CHUNK_ABOVE = 64
+#: Key tiles wider than this run :func:`kernels.vla_penalty_bwd_piece_kernel` once per group of
+#: outputs (``PARTS`` 1: ``dq``, ``dk``, ``DA``; 2: ``du``; 4: ``DS``), each recomputing the
+#: piece's products.
+_SPLIT_PIECES_ABOVE = 64
 
 
 def _chunked(
-    asked: bool, run: _Run, dtype: torch.dtype, dk: int, widest: int = _MAX_CHUNKED_WIDTH
+    asked: bool, run: _Run, dtype: torch.dtype, dk: int, widest: int | None = None
 ) -> bool:
     """Whether an adjoint half runs by products (the state adjoint in chunks,
     :func:`_state_adjoint_chunked`; the penalty adjoint in pieces,
     :func:`_penalty_adjoint_pieces`): where the plan asks for it (``asked``), in float32
     accumulation (float64 keeps the per-token order of the oracle), with checkpoints at most
-    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and key tiles at most ``widest`` wide;
-    elsewhere the per-token kernels (same results up to rounding)."""
+    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and key tiles at most ``widest`` wide
+    (default :data:`_MAX_CHUNKED_WIDTH`, read at the call); elsewhere the per-token kernels
+    (same results up to rounding)."""
     return (
         asked
         and _acc(dtype)[0] == torch.float32
         and run.checkpoint_every <= _MAX_CHUNKED_INTERVAL
-        and _pow2(dk) <= widest
+        and _pow2(dk) <= (_MAX_CHUNKED_WIDTH if widest is None else widest)
     )
 
 
@@ -858,15 +863,22 @@ def _penalty_adjoint_pieces(
         sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
         num_warps=warps,
     )  # fmt: skip
-    part = qm  # the scan has read Q: its buffer takes the pieces' parts of dAᵀ
-    kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
-        pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
-        dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, u_ptr=u,
-        cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, part_ptr=part, dq_ptr=outs[0],
-        dk_ptr=outs[1], du_ptr=outs[2], **common,
-    )  # fmt: skip
+    da, dsm = (torch.empty(BH, n, bk, dtype=f32, device=dev) for _ in range(2))
+    for out_parts in (7,) if bk <= _SPLIT_PIECES_ABOVE else (1, 2, 4):
+        kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
+            pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+            dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, u_ptr=u,
+            cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, da_ptr=da, dsm_ptr=dsm,
+            dq_ptr=outs[0], dk_ptr=outs[1], du_ptr=outs[2], PARTS=out_parts, **common,
+        )  # fmt: skip
+    # The pieces' part of dAᵀ, Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ over the span, as one product (in
+    # float64: a TF32 setting of torch's matmuls does not reach it).
+    f64 = torch.float64
+    us = u[:, t_begin : t_begin + n].permute(0, 2, 1, 3).reshape(BH, n, dk)
+    part = (kh.view(BH, n, bk)[..., :dk].to(f64).mT @ da[..., :dk].to(f64)
+            + us.to(f64).mT @ dsm[..., :dk].to(f64))  # fmt: skip
     # The symmetric part from the scan, the antisymmetric one from the sum (kernels' module).
-    total = dA.reshape(BH, dk, dk).to(f32) + part.sum(dim=1)[:, :dk, :dk]
+    total = dA.reshape(BH, dk, dk).to(f32) + part.to(f32)
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin
 
