@@ -37,12 +37,12 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def record(
-    sizes: list[tuple[int, int]], options: dict[str, Any], out: Path, lift_guards: bool = False
+    sizes: list[tuple[int, int]], options: dict[str, Any], out: Path, unsplit: bool = False
 ) -> None:
     """Step 1, in this process (``TRITON_INTERPRET=1`` set before Triton is imported): write
     every launch of forward + backward at each ``(D, T)`` (B = 1, H = 16, bf16, paper preset)
-    to ``out`` as JSON.  ``lift_guards``: the chunked adjoints take keys of every width (to
-    see what the width guards keep out)."""
+    to ``out`` as JSON.  ``unsplit``: the chunked adjoints' widest kernels built as at BK ≤ 64
+    (one launch, the default pipeline), to see what their builds at BK = 128 avoid."""
     import dataclasses
 
     import torch
@@ -95,8 +95,8 @@ def record(
         mod.interpreted = lambda: False  # type: ignore[assignment]
     tf._sm_count = lambda device: 132  # type: ignore[assignment]
     tf._check_run = lambda q, v: None  # type: ignore[assignment]
-    if lift_guards:
-        tf._MAX_CHUNKED_WIDTH = 128
+    if unsplit:
+        tf._SPLIT_STATE_CHUNK_ABOVE = tf._PIECES_ONE_STAGE_ABOVE = 1 << 30
     base_plan = tf.plan_for
 
     def plan_for(B: int, H: int, T: int, dk: int, dv: int, dtype: Any, _device: Any,
@@ -213,9 +213,9 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
     ap.add_argument(
-        "--lift-guards",
+        "--unsplit",
         action="store_true",
-        help="let the chunked adjoints take keys of every width",
+        help="build the chunked adjoints' widest kernels at BK = 128 as at BK <= 64",
     )
     ap.add_argument("--record-to", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -223,13 +223,13 @@ def main() -> None:
     options = {k: bool(int(v)) if v in ("0", "1") else int(v)
                for k, v in (o.split("=") for o in a.options)}  # fmt: skip
     if a.record_to is not None:
-        record(sizes, options, a.record_to, a.lift_guards)
+        record(sizes, options, a.record_to, a.unsplit)
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "launches.json"
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        lift = ["--lift-guards"] if a.lift_guards else []
-        cmd = [sys.executable, __file__, "--sizes", *a.sizes, "--options", *a.options, *lift]
+        unsplit = ["--unsplit"] if a.unsplit else []
+        cmd = [sys.executable, __file__, "--sizes", *a.sizes, "--options", *a.options, *unsplit]
         subprocess.run([*cmd, "--record-to", str(path)], env=env, check=True, cwd=_ROOT)
         launches = json.loads(path.read_text())
     rows = build(launches)
@@ -242,7 +242,7 @@ def main() -> None:
         import triton
 
         head = {"triton": triton.__version__, "target": "cuda sm_90", "sizes": a.sizes,
-                "options": a.options, "lift_guards": a.lift_guards,
+                "options": a.options, "unsplit": a.unsplit,
                 "shared_limit": H200_SHARED_BYTES}  # fmt: skip
         a.json.write_text(json.dumps({**head, "rows": rows}, indent=1))
     sys.exit(1 if bad else 0)

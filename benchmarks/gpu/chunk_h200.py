@@ -682,13 +682,13 @@ def adjoint(out: dict[str, Any]) -> None:
     """The backward's adjoint nine ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
-    ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``, which keys wider than 64
-    do not take), ``blocked16_chunked_state`` (16 blocks), and the state adjoint in chunks with
-    the penalty adjoint in pieces (``chunked_penalty_adjoint``, keys up to 64 wide) in one pass
+    ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``),
+    ``blocked16_chunked_state`` (16 blocks), and the state adjoint in chunks with the penalty
+    adjoint in pieces (``chunked_penalty_adjoint``) in one pass
     (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
     checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
     (``one_pass_rerun``), with the chunked ones (``one_pass_pieces_rerun``) and with the state
-    adjoint in chunks only (``one_pass_state_rerun``: the one that keys 128 wide take).
+    adjoint in chunks only (``one_pass_state_rerun``).
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass

@@ -290,11 +290,10 @@ _MEASURED: dict[int, _Measured] = {
         # 195.8 against 196.8), not worth the blocks' memory (h200/adjoint.json).
         blocked_adjoint=False,
         # the chunk kernel needed 242176 bytes of shared memory at C = 64 in one launch, above
-        # the H200's 232448 (h200/adjoint.json); split over three launches it builds within it
-        # (sm90/preflight_state_adjoint_128.json), not timed yet.
+        # the H200's 232448 (h200/adjoint.json), and the pieces' kernels 262144 and 380928
+        # (sm90/preflight_pieces_128.json); built as _SPLIT_STATE_CHUNK_ABOVE and
+        # _PIECES_ONE_STAGE_ABOVE say, all fit (sm90/preflight_adjoints_128.json).  Not timed.
         chunked_state_adjoint=False,
-        # the pieces' scan and piece kernels would ask 262144 and 380928 bytes of shared memory
-        # (sm90/preflight_pieces_128.json).
         chunked_penalty_adjoint=False,
         # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
         # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
@@ -646,10 +645,7 @@ def _state_adjoint(
     acc, acc_tl = _acc(q.dtype)
     dev = q.device
     kh, ah, sc = gates
-    if _chunked(
-        adj.run.plan.chunked_state_adjoint, adj.run, q.dtype, q.shape[-1],
-        _MAX_CHUNKED_STATE_WIDTH,
-    ):  # fmt: skip
+    if _chunked(adj.run.plan.chunked_state_adjoint, adj.run, q.dtype, q.shape[-1]):
         return _state_adjoint_chunked(adj, q, v, do, gates, cks, dS, dv_out, t_begin, n)
     e = torch.empty(nv * BH, every, bv, dtype=acc, device=dev)
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
@@ -668,39 +664,36 @@ def _state_adjoint(
 
 
 #: Longest checkpoint interval the chunked adjoints take (their ``[C, C]`` tiles), and the
-#: widest key tile of each.  At BK = 128 the pieces' scan and piece kernels would ask 262144 and
-#: 380928 bytes of shared memory, above an H200 SM's 232448 (``sm90/preflight_pieces_128.json``);
-#: the state adjoint fits with its chunk kernel's outputs split over three launches
-#: (:data:`_SPLIT_STATE_CHUNK_ABOVE`; ``sm90/preflight_state_adjoint_128.json``).
+#: widest key tile of each.  At BK = 128 both fit an H200 SM's 232448 bytes of shared memory
+#: only as they are built there: the state adjoint's chunk kernel over three launches
+#: (:data:`_SPLIT_STATE_CHUNK_ABOVE`), the pieces' scan and piece kernels with one pipeline
+#: stage (:data:`_PIECES_ONE_STAGE_ABOVE`); ``sm90/preflight_adjoints_128.json``.
 _MAX_CHUNKED_INTERVAL = 64
-_MAX_CHUNKED_WIDTH = 64
-_MAX_CHUNKED_STATE_WIDTH = 128
+_MAX_CHUNKED_WIDTH = 128
 #: Key tiles wider than this run :func:`kernels.vla_state_bwd_chunk_kernel` once per group of
 #: outputs (``PARTS`` 1: ``dv``, ``dq``, ``dn``; 2: ``dα̂``; 4: ``dk̂``), each launch recomputing
 #: the chunk's ``E`` and ``DE``: one program computing all of them asked 274432 bytes of shared
 #: memory at BK = 128 (the three ask 196608, 229376 and 192512).
 _SPLIT_STATE_CHUNK_ABOVE = 64
-#: Key tiles wider than this run :func:`kernels.vla_penalty_bwd_piece_kernel` once per group of
-#: outputs (``PARTS`` 1: ``dq``, ``dk``, ``DA``; 2: ``du``; 4: ``DS``), each recomputing the
-#: piece's products.
-_SPLIT_PIECES_ABOVE = 64
+#: Key tiles wider than this build the pieces' scan and piece kernels with one stage of
+#: Triton's software pipeline (``num_stages=1``: the loads in their loops are not
+#: multi-buffered in shared memory): with the default they asked 262144 and 237568 bytes at
+#: BK = 128, with one stage 131072 and 221184 (``sm90/preflight_adjoints_128.json``).
+_PIECES_ONE_STAGE_ABOVE = 64
 
 
-def _chunked(
-    asked: bool, run: _Run, dtype: torch.dtype, dk: int, widest: int | None = None
-) -> bool:
+def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
     """Whether an adjoint half runs by products (the state adjoint in chunks,
     :func:`_state_adjoint_chunked`; the penalty adjoint in pieces,
     :func:`_penalty_adjoint_pieces`): where the plan asks for it (``asked``), in float32
     accumulation (float64 keeps the per-token order of the oracle), with checkpoints at most
-    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and key tiles at most ``widest`` wide
-    (default :data:`_MAX_CHUNKED_WIDTH`, read at the call); elsewhere the per-token kernels
-    (same results up to rounding)."""
+    :data:`_MAX_CHUNKED_INTERVAL` tokens apart and key tiles at most :data:`_MAX_CHUNKED_WIDTH`
+    wide; elsewhere the per-token kernels (same results up to rounding)."""
     return (
         asked
         and _acc(dtype)[0] == torch.float32
         and run.checkpoint_every <= _MAX_CHUNKED_INTERVAL
-        and _pow2(dk) <= (_MAX_CHUNKED_WIDTH if widest is None else widest)
+        and _pow2(dk) <= _MAX_CHUNKED_WIDTH
     )
 
 
@@ -858,19 +851,19 @@ def _penalty_adjoint_pieces(
     # After the first launch, so that the check's synchronisation overlaps it.
     if not bool((cs[..., 0] > run.config.sm_floor).all()):
         return None
-    kernels.vla_penalty_bwd_scan_kernel[(BH,)](
-        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig, dze_ptr=dze,
-        sig0_ptr=sig_begin, dz0_ptr=dz_begin, DK=dk, n_p=n_p, BK=bk, ACC=tl.float32,
-        num_warps=warps,
-    )  # fmt: skip
+    scan_args = {"qm_ptr": qm, "lm_ptr": lm, "dzp_ptr": dzp, "daT_ptr": dA, "dzT_ptr": dz,
+                 "sig_ptr": sig, "dze_ptr": dze, "sig0_ptr": sig_begin, "dz0_ptr": dz_begin,
+                 "DK": dk, "n_p": n_p, "BK": bk, "ACC": tl.float32, "num_warps": warps}  # fmt: skip
+    if bk > _PIECES_ONE_STAGE_ABOVE:
+        scan_args["num_stages"] = common["num_stages"] = 1
+    kernels.vla_penalty_bwd_scan_kernel[(BH,)](**scan_args)
     da, dsm = (torch.empty(BH, n, bk, dtype=f32, device=dev) for _ in range(2))
-    for out_parts in (7,) if bk <= _SPLIT_PIECES_ABOVE else (1, 2, 4):
-        kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
-            pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
-            dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, u_ptr=u,
-            cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, da_ptr=da, dsm_ptr=dsm,
-            dq_ptr=outs[0], dk_ptr=outs[1], du_ptr=outs[2], PARTS=out_parts, **common,
-        )  # fmt: skip
+    kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
+        pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
+        dqs_ptr=parts[0], dahs_ptr=parts[1], dkhs_ptr=parts[2], dns_ptr=dn, u_ptr=u,
+        cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, da_ptr=da, dsm_ptr=dsm,
+        dq_ptr=outs[0], dk_ptr=outs[1], du_ptr=outs[2], **common,
+    )  # fmt: skip
     # The pieces' part of dAᵀ, Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ over the span, as one product (in
     # float64: a TF32 setting of torch's matmuls does not reach it).
     f64 = torch.float64

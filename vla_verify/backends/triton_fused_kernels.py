@@ -1405,13 +1405,11 @@ def vla_penalty_bwd_piece_kernel(
     T, H, DK, CK, NC, nudge_period, start, t_begin, n_steps,
     BK: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr, NORM_GATE: tl.constexpr,
     NORM_OUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BUG: tl.constexpr,
-    PARTS: tl.constexpr = 7,
 ):  # fmt: skip
     """Grid ``(pieces, B·H)``: from ``Σ, dz`` after the piece (the scan's), every token's
     ``dq, dk, du``, and its rows of ``DA`` and ``DS`` (``da``, ``dsm`` ``[B·H, n_steps, BK]``),
     from which the caller forms the pieces' part of ``dAᵀ``, ``Σ K̂ᵀ DA + Uᵀ DS``, as one
-    product over the span.  ``PARTS`` (bits) picks the outputs: 1 ``dq, dk, DA``; 2 ``du``;
-    4 ``DS``."""
+    product over the span."""
     i_p = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -1438,74 +1436,70 @@ def vla_penalty_bwd_piece_kernel(
     later = op[:, None] < op[None, :]  # i > t
     if BUG == BUG_PIECE_Y_WHOLE_T:
         later = op[:, None] >= 0
-    if PARTS & 6:
-        sig = tl.load(sig_ptr + (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :])
-        # Products with A_e = A_a − Sᵀ D^{-1} S go through A_a and the piece's rows, so that only
-        # A_a and Σ are d × d operands (at BK = 128 each is 64 KiB of shared memory).
-        Sd = S * rd[:, None]  # D^{-1} S
-        USd = tl.dot(U, tl.trans(Sd), input_precision=PREC)
-        UAe = tl.dot(U, A_a, input_precision=PREC) - tl.dot(USd, S, input_precision=PREC)
-        # y_t = Σ^{(t)} s_t, then the steps' cotangents.
-        C = tl.where(upper, tl.dot(U, tl.trans(alpha), input_precision=PREC), 0.0)
-        B = tl.where(upper, tl.dot(U, tl.trans(beta), input_precision=PREC), 0.0)
-        SD = tl.where(upper, tl.dot(S, tl.trans(DA), input_precision=PREC), 0.0)
-        SK = tl.where(upper, tl.dot(S, tl.trans(Kh), input_precision=PREC), 0.0)
-        Hm = 0.5 * delta[:, None] * (tl.dot(C, tl.trans(SD), input_precision=PREC)
-                                     + tl.dot(B, tl.trans(SK), input_precision=PREC))  # fmt: skip
-        W = delta[:, None] * tl.dot(UAe, sig, input_precision=PREC)
-        if PARTS & 4:
-            G = tl.dot(Hm + tl.dot(W, tl.trans(S), input_precision=PREC), Tt,
-                       input_precision=PREC)  # fmt: skip
-            Y = (0.5 * delta[:, None] * (tl.dot(C, DA, input_precision=PREC)
-                                         + tl.dot(B, Kh, input_precision=PREC))
-                 + W - tl.dot(tl.where(later, G, 0.0), U, input_precision=PREC))  # fmt: skip
-            ddelta = tl.sum(S * Y, axis=1) * rd * rd
-            DSm = -2.0 * Y * rd[:, None] + ddelta[:, None] * U
-            tl.store(dsm_ptr + off, DSm, mask=mp[:, None])
-        if PARTS & 2:
-            # du_t = −2 Ω_t u_t (fewer products than dδ s + A_{t-1} ds, the same in exact
-            # arithmetic); U A_e Σ A_e as (W / δ) A_e, reusing W: BP·d² multiply-adds instead
-            # of 2d³ for A_e Σ A_e.
-            Wd = W * rd[:, None]
-            WSd = tl.dot(Wd, tl.trans(Sd), input_precision=PREC)
-            WAe = tl.dot(Wd, A_a, input_precision=PREC) - tl.dot(WSd, S, input_precision=PREC)
-            du = -(tl.dot(C, beta, input_precision=PREC) + tl.dot(B, alpha, input_precision=PREC)
-                   + 2.0 * WAe)  # fmt: skip
-            tl.store(du_ptr + off_in, du.to(du_ptr.dtype.element_ty), mask=m_in)
-    if PARTS & 1:
-        # The read-out denominator: dz after each token (the suffix within the piece), z_t, dq.
-        dz_e = tl.load(dze_ptr + (i_bh * n_p + i_p) * BK + ok)
-        Q = tl.load(q_ptr + off_in, mask=m_in, other=0.0).to(ACC)
-        K = tl.load(k_ptr + off_in, mask=m_in, other=0.0).to(ACC)
-        dq = tl.load(dqs_ptr + off, mask=mp[:, None], other=0.0)
-        if NORM_OUT:
-            zq = tl.load(sc_ptr + rows * 2 + 1, mask=mp, other=1.0)
-            n = tl.maximum(zq, out_eps)
-            dn = -tl.load(dns_ptr + rows, mask=mp, other=0.0) / (n * n)
-            dn = tl.where(mp & (zq > out_eps), dn, 0.0)
-            ones_up = tl.where(upper, 1.0, 0.0)
-            dz_t = dz_e[None, :] + tl.dot(ones_up, dn[:, None] * Q, input_precision="ieee")
-            # z_t = z at the interval's start + the interval's keys to t.
-            c = (t_begin + a) // CK
-            i0 = c * CK - t_begin
-            z0 = tl.load(ckz_ptr + (i_bh * (NC + 1) + c) * DK + ok, mask=mk, other=0.0).to(ACC)
-            ob_m = ob < a - i0
-            Kb = tl.load(k_ptr + base_k + (t_begin + i0 + ob)[:, None] * (H * DK) + ok[None, :],
-                         mask=ob_m[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
-            ones_lo = tl.where(op[:, None] >= op[None, :], 1.0, 0.0)
-            z = z0[None, :] + tl.sum(Kb, axis=0)[None, :]
-            z = z + tl.dot(ones_lo, K, input_precision="ieee")
-            dq = dq + dn[:, None] * z
-        else:
-            dz_t = dz_e[None, :] + tl.zeros([BP, BK], dtype=ACC)
-        # dk̂ = the state adjoint's part + A_tᵀ dα_t (A_t after the closing nudge on the last token).
-        last = (op == npc - 1)[:, None]
-        dkh = tl.load(dkhs_ptr + off, mask=mp[:, None], other=0.0) + beta
-        dkh = dkh + tl.where(last, eta_e * DA, 0.0)
-        knorm = tl.load(cs_ptr + rows * 4 + 3, mask=mp, other=1.0)
-        proj = tl.sum(Kh * dkh, axis=1)
-        dkn = tl.where((knorm > norm_eps)[:, None], dkh - Kh * proj[:, None], dkh)
-        dk = dz_t + dkn * (1.0 / tl.maximum(knorm, norm_eps))[:, None]
-        tl.store(dq_ptr + off_in, dq.to(dq_ptr.dtype.element_ty), mask=m_in)
-        tl.store(dk_ptr + off_in, dk.to(dk_ptr.dtype.element_ty), mask=m_in)
-        tl.store(da_ptr + off, DA, mask=mp[:, None])
+    # The read-out denominator: dz after each token (the suffix within the piece), z_t, dq.
+    dz_e = tl.load(dze_ptr + (i_bh * n_p + i_p) * BK + ok)
+    Q = tl.load(q_ptr + off_in, mask=m_in, other=0.0).to(ACC)
+    K = tl.load(k_ptr + off_in, mask=m_in, other=0.0).to(ACC)
+    dq = tl.load(dqs_ptr + off, mask=mp[:, None], other=0.0)
+    if NORM_OUT:
+        zq = tl.load(sc_ptr + rows * 2 + 1, mask=mp, other=1.0)
+        n = tl.maximum(zq, out_eps)
+        dn = -tl.load(dns_ptr + rows, mask=mp, other=0.0) / (n * n)
+        dn = tl.where(mp & (zq > out_eps), dn, 0.0)
+        ones_up = tl.where(upper, 1.0, 0.0)
+        dz_t = dz_e[None, :] + tl.dot(ones_up, dn[:, None] * Q, input_precision="ieee")
+        # z_t = z at the interval's start + the interval's keys to t.
+        c = (t_begin + a) // CK
+        i0 = c * CK - t_begin
+        z0 = tl.load(ckz_ptr + (i_bh * (NC + 1) + c) * DK + ok, mask=mk, other=0.0).to(ACC)
+        ob_m = ob < a - i0
+        Kb = tl.load(k_ptr + base_k + (t_begin + i0 + ob)[:, None] * (H * DK) + ok[None, :],
+                     mask=ob_m[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
+        ones_lo = tl.where(op[:, None] >= op[None, :], 1.0, 0.0)
+        z = z0[None, :] + tl.sum(Kb, axis=0)[None, :]
+        z = z + tl.dot(ones_lo, K, input_precision="ieee")
+        dq = dq + dn[:, None] * z
+    else:
+        dz_t = dz_e[None, :] + tl.zeros([BP, BK], dtype=ACC)
+    # dk̂ = the state adjoint's part + A_tᵀ dα_t (A_t after the closing nudge on the last token).
+    last = (op == npc - 1)[:, None]
+    dkh = tl.load(dkhs_ptr + off, mask=mp[:, None], other=0.0) + beta
+    dkh = dkh + tl.where(last, eta_e * DA, 0.0)
+    knorm = tl.load(cs_ptr + rows * 4 + 3, mask=mp, other=1.0)
+    proj = tl.sum(Kh * dkh, axis=1)
+    dkn = tl.where((knorm > norm_eps)[:, None], dkh - Kh * proj[:, None], dkh)
+    dk = dz_t + dkn * (1.0 / tl.maximum(knorm, norm_eps))[:, None]
+    tl.store(dq_ptr + off_in, dq.to(dq_ptr.dtype.element_ty), mask=m_in)
+    tl.store(dk_ptr + off_in, dk.to(dk_ptr.dtype.element_ty), mask=m_in)
+    tl.store(da_ptr + off, DA, mask=mp[:, None])
+    sig = tl.load(sig_ptr + (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :])
+    # Products with A_e = A_a − Sᵀ D^{-1} S go through A_a and the piece's rows, so that only
+    # A_a and Σ are d × d operands (at BK = 128 each is 64 KiB of shared memory).
+    Sd = S * rd[:, None]  # D^{-1} S
+    USd = tl.dot(U, tl.trans(Sd), input_precision=PREC)
+    UAe = tl.dot(U, A_a, input_precision=PREC) - tl.dot(USd, S, input_precision=PREC)
+    # y_t = Σ^{(t)} s_t, then the steps' cotangents.
+    C = tl.where(upper, tl.dot(U, tl.trans(alpha), input_precision=PREC), 0.0)
+    B = tl.where(upper, tl.dot(U, tl.trans(beta), input_precision=PREC), 0.0)
+    SD = tl.where(upper, tl.dot(S, tl.trans(DA), input_precision=PREC), 0.0)
+    SK = tl.where(upper, tl.dot(S, tl.trans(Kh), input_precision=PREC), 0.0)
+    Hm = 0.5 * delta[:, None] * (tl.dot(C, tl.trans(SD), input_precision=PREC)
+                                 + tl.dot(B, tl.trans(SK), input_precision=PREC))  # fmt: skip
+    W = delta[:, None] * tl.dot(UAe, sig, input_precision=PREC)
+    G = tl.dot(Hm + tl.dot(W, tl.trans(S), input_precision=PREC), Tt,
+               input_precision=PREC)  # fmt: skip
+    Y = (0.5 * delta[:, None] * (tl.dot(C, DA, input_precision=PREC)
+                                 + tl.dot(B, Kh, input_precision=PREC))
+         + W - tl.dot(tl.where(later, G, 0.0), U, input_precision=PREC))  # fmt: skip
+    ddelta = tl.sum(S * Y, axis=1) * rd * rd
+    DSm = -2.0 * Y * rd[:, None] + ddelta[:, None] * U
+    tl.store(dsm_ptr + off, DSm, mask=mp[:, None])
+    # du_t = −2 Ω_t u_t (fewer products than dδ s + A_{t-1} ds, the same in exact
+    # arithmetic); U A_e Σ A_e as (W / δ) A_e, reusing W: BP·d² multiply-adds instead
+    # of 2d³ for A_e Σ A_e.
+    Wd = W * rd[:, None]
+    WSd = tl.dot(Wd, tl.trans(Sd), input_precision=PREC)
+    WAe = tl.dot(Wd, A_a, input_precision=PREC) - tl.dot(WSd, S, input_precision=PREC)
+    du = -(tl.dot(C, beta, input_precision=PREC) + tl.dot(B, alpha, input_precision=PREC)
+           + 2.0 * WAe)  # fmt: skip
+    tl.store(du_ptr + off_in, du.to(du_ptr.dtype.element_ty), mask=m_in)
