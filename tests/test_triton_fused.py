@@ -870,6 +870,19 @@ def test_penalty_adjoint_in_pieces_within_budget(name: str, blocks: int, ck: int
     _assert_within_budget(checks)
 
 
+def test_chunked_adjoints_at_128_wide_keys() -> None:
+    """Both chunked adjoints and the parallel rerun at dk = 100 (a 128-wide key tile: the state
+    chunk kernel over three launches, the pieces' kernels as built for BK = 128) within the
+    budget; the planted triangle slip in the state chunk kernel is still rejected there."""
+    config = GRAD_CONFIGS["paper_nudge4"]
+    options = {"chunked_state_adjoint": True, "chunked_penalty_adjoint": True,
+               "parallel_rerun": True}  # fmt: skip
+    _assert_within_budget(_grad_check(config, 5, torch.float32, ck=8, dk=100, **options))
+    planted = dict(_grad_check(config, 5, torch.float32, bug="chunk_triangle_off_by_one", ck=8,
+                               dk=100, **options))  # fmt: skip
+    assert not planted["k"].passed
+
+
 @pytest.mark.parametrize(
     ("bug", "wrong"), [("piece_start_drops_nudges", "k"), ("piece_y_whole_t", "A0")]
 )
