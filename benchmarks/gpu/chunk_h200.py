@@ -831,6 +831,12 @@ def _adjoint_breakdown(out: dict[str, Any], x: dict[str, Any], cfg: Any, T: int,
         _log("adjoint breakdown failed", op, D, T, repr(exc)[:400])
 
 
+def _dxt(text: str) -> tuple[int, int]:
+    """A ``DxT`` argument, e.g. ``64x16384``, as ``(D, T)``."""
+    d, t = text.split("x")
+    return int(d), int(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -877,6 +883,7 @@ def main() -> None:
     ap.add_argument(
         "--adjoint-sizes",
         nargs="+",
+        type=_dxt,
         default=None,
         metavar="DxT",
         help="--adjoint's sizes, e.g. 64x16384 128x16384 (default: "
@@ -895,6 +902,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--adjoint-check",
+        type=_dxt,
         default=None,
         metavar="DxT",
         help="--adjoint's gradient check size (default: "
@@ -911,9 +919,9 @@ def main() -> None:
     if a.D:
         RUN["grid_Ds"] = tuple(a.D)
     if a.adjoint_sizes:
-        RUN["adjoint_sizes"] = tuple(tuple(int(n) for n in s.split("x")) for s in a.adjoint_sizes)
+        RUN["adjoint_sizes"] = tuple(a.adjoint_sizes)
     if a.adjoint_check:
-        RUN["adjoint_check"] = tuple(int(n) for n in a.adjoint_check.split("x"))
+        RUN["adjoint_check"] = a.adjoint_check
     if a.fwdbwd_chunked_max_T is not None:
         RUN["fwdbwd_chunked_max_T"] = a.fwdbwd_chunked_max_T
     from vla_verify.bench import machine_info

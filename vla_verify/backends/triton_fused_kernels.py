@@ -1475,9 +1475,9 @@ def vla_penalty_bwd_piece_kernel(
     sig = tl.load(sig_ptr + (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :])
     # Products with A_e = A_a − Sᵀ D^{-1} S go through A_a and the piece's rows, so that only
     # A_a and Σ are d × d operands (at BK = 128 each is 64 KiB of shared memory).
-    Sd = S * rd[:, None]  # D^{-1} S
-    USd = tl.dot(U, tl.trans(Sd), input_precision=PREC)
-    UAe = tl.dot(U, A_a, input_precision=PREC) - tl.dot(USd, S, input_precision=PREC)
+    S_rd = S * rd[:, None]  # D^{-1} S (SD below is triu(S DAᵀ))
+    US_rd = tl.dot(U, tl.trans(S_rd), input_precision=PREC)
+    UAe = tl.dot(U, A_a, input_precision=PREC) - tl.dot(US_rd, S, input_precision=PREC)
     # y_t = Σ^{(t)} s_t, then the steps' cotangents.
     C = tl.where(upper, tl.dot(U, tl.trans(alpha), input_precision=PREC), 0.0)
     B = tl.where(upper, tl.dot(U, tl.trans(beta), input_precision=PREC), 0.0)
@@ -1498,8 +1498,8 @@ def vla_penalty_bwd_piece_kernel(
     # arithmetic); U A_e Σ A_e as (W / δ) A_e, reusing W: BP·d² multiply-adds instead
     # of 2d³ for A_e Σ A_e.
     Wd = W * rd[:, None]
-    WSd = tl.dot(Wd, tl.trans(Sd), input_precision=PREC)
-    WAe = tl.dot(Wd, A_a, input_precision=PREC) - tl.dot(WSd, S, input_precision=PREC)
+    WS_rd = tl.dot(Wd, tl.trans(S_rd), input_precision=PREC)
+    WAe = tl.dot(Wd, A_a, input_precision=PREC) - tl.dot(WS_rd, S, input_precision=PREC)
     du = -(tl.dot(C, beta, input_precision=PREC) + tl.dot(B, alpha, input_precision=PREC)
            + 2.0 * WAe)  # fmt: skip
     tl.store(du_ptr + off_in, du.to(du_ptr.dtype.element_ty), mask=m_in)
