@@ -78,7 +78,7 @@ PLANTED_BUGS: dict[str, Bug] = {
     "ignores_start": Bug.IGNORES_START,
     "chunk_triangle_off_by_one": Bug.CHUNK_TRIANGLE,
     "scan_stores_late": Bug.SCAN_STORES_LATE,
-    "piece_start_drops_nudges": Bug.PIECE_START_DROPS_NUDGES,
+    "piece_end_drops_nudges": Bug.PIECE_END_DROPS_NUDGES,
     "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
     "rerun_next_checkpoint": Bug.RERUN_NEXT_CHECKPOINT,
 }
@@ -680,6 +680,17 @@ _SPLIT_STATE_CHUNK_ABOVE = 64
 #: multi-buffered in shared memory): with the default they asked 262144 and 237568 bytes at
 #: BK = 128, with one stage 131072 and 221184 (``sm90/preflight_adjoints_128.json``).
 _PIECES_ONE_STAGE_ABOVE = 64
+#: The largest Sherman–Morrison denominator ``δ = 1 + uᵀA u`` in a span that the penalty adjoint
+#: in pieces takes; above it the span runs the per-token kernel.  The pieces' products read the
+#: contraction of ``A`` along ``u`` from differences whose float32 rounding grows about like
+#: ``δ`` (``u_tᵀα_j = u_tᵀA_j k̂_j`` is formed from ``α_j`` at the scale of ``A``, while
+#: ``A_j u_t`` is ``δ`` times smaller), where the per-token kernel's does not: on penalties along
+#: two axes with magnitudes up to 10^{1, 1.5, 2} (``δ`` up to 10^3, 10^4, 10^5; float32, paper
+#: preset, from the zero state) the pieces reached 2.2, 4.6 and 11 times the spec §4 budget,
+#: and up to 10^0.5 (``δ`` ≤ 97) at most 0.53 of it, the per-token kernel 0.63
+#: (``tests/test_triton_fused.py::test_penalty_adjoint_in_pieces_on_strong_penalties``).
+#: Layer-like penalties (``‖u‖² = 1/dk``) keep ``δ`` near ``1 + 1/(lambda0·dk)``.
+PIECES_MAX_DENOMINATOR = 100.0
 
 
 def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
@@ -813,9 +824,10 @@ def _penalty_adjoint_pieces(
     pieces in sequence (:func:`kernels.vla_penalty_bwd_scan_kernel`, two ``d × d`` products a
     piece), then every piece's tokens in parallel (:func:`kernels.vla_penalty_bwd_piece_kernel`);
     ``dAᵀ`` before the span is the scan's symmetric part plus the antisymmetric part of the
-    pieces' sum.  ``None`` where a denominator
-    was floored (the congruence does not hold there; one device synchronisation): the caller
-    runs :func:`kernels.vla_gate_bwd_kernel`.  Derivation: the kernels' module."""
+    pieces' sum.  ``None`` where a denominator was floored (the congruence does not hold there)
+    or exceeds :data:`PIECES_MAX_DENOMINATOR` (the products lose accuracy there; one device
+    synchronisation for both): the caller runs :func:`kernels.vla_gate_bwd_kernel`.
+    Derivation: the kernels' module."""
     q, k, u = xs
     Bp, Tp, H, dk = q.shape
     BH, bk, run = Bp * H, _pow2(dk), adj.run
@@ -845,11 +857,12 @@ def _penalty_adjoint_pieces(
               "ACC": tl.float32, "PREC": prec, "BUG": int(run.bug), "num_warps": warps}  # fmt: skip
     kernels.vla_penalty_bwd_prep_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
-        dahs_ptr=parts[1], dns_ptr=dn, u_ptr=u, cka_ptr=cka, qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp,
+        dahs_ptr=parts[1], dns_ptr=dn, u_ptr=u, qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp,
         **common,
     )  # fmt: skip
     # After the first launch, so that the check's synchronisation overlaps it.
-    if not bool((cs[..., 0] > run.config.sm_floor).all()):
+    delta_raw = cs[..., 0]
+    if not bool(((delta_raw > run.config.sm_floor) & (delta_raw <= PIECES_MAX_DENOMINATOR)).all()):
         return None
     scan_args = {"qm_ptr": qm, "lm_ptr": lm, "dzp_ptr": dzp, "daT_ptr": dA, "dzT_ptr": dz,
                  "sig_ptr": sig, "dze_ptr": dze, "sig0_ptr": sig_begin, "dz0_ptr": dz_begin,

@@ -72,7 +72,7 @@ class Bug(IntEnum):
     IGNORES_START = 5  # the nudge clock restarts at every call (start taken as 0)
     CHUNK_TRIANGLE = 6  # chunked state adjoint: −S_{t-1}ᵀde reads e_t too (tril for stril)
     SCAN_STORES_LATE = 7  # chunked state adjoint: dSᵀ after a chunk stored after its update
-    PIECE_START_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece start without nudges
+    PIECE_END_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece's end without nudges
     PIECE_Y_WHOLE_T = 9  # penalty adjoint in pieces: y_t through the whole piece's T
     RERUN_NEXT_CHECKPOINT = 10  # parallel gate rerun: each piece from the next interval's A, z
 
@@ -104,7 +104,7 @@ BUG_FOLD_DROPS_NUDGES = tl.constexpr(int(Bug.FOLD_DROPS_NUDGES))
 BUG_IGNORES_START = tl.constexpr(int(Bug.IGNORES_START))
 BUG_CHUNK_TRIANGLE = tl.constexpr(int(Bug.CHUNK_TRIANGLE))
 BUG_SCAN_STORES_LATE = tl.constexpr(int(Bug.SCAN_STORES_LATE))
-BUG_PIECE_START_DROPS_NUDGES = tl.constexpr(int(Bug.PIECE_START_DROPS_NUDGES))
+BUG_PIECE_END_DROPS_NUDGES = tl.constexpr(int(Bug.PIECE_END_DROPS_NUDGES))
 BUG_PIECE_Y_WHOLE_T = tl.constexpr(int(Bug.PIECE_Y_WHOLE_T))
 DOWNDATE_EXACT = tl.constexpr(int(Downdate.EXACT))
 DOWNDATE_FMA = tl.constexpr(int(Downdate.FMA))
@@ -736,9 +736,10 @@ def vla_state_bwd_kernel(
     Given the gates of the segment (``kh, ah, sc`` ``[B·H, n_steps, ...]`` from
     :func:`vla_gate_kernel`) and ``dS`` after the segment (``dsT``), walks its chunks of ``CK``
     tokens in reverse: reloads the ``S`` checkpoint, recomputes the residuals ``e`` of the
-    chunk (scratch ``e`` ``[NV·B·H, CK, BV]``), then, per token (``dS`` the gradient w.r.t.
-    ``S_t``):  ``dr = do/n``, ``dS += dr qᵀ``, ``de = dS α̂``, ``S_{t-1} = S_t − e α̂ᵀ``,
-    ``dS −= de k̂ᵀ``; ``dv = de``.  The sums over value rows that the penalty half needs are
+    chunk (scratch ``e`` ``[NV·B·H, CK, BV]``) and the sums that need no cotangent (``S_tᵀ dr``,
+    ``doᵀ S_t q``) forward, then, per token backwards (``dS`` the gradient w.r.t. ``S_t``):
+    ``dr = do/n``, ``dS += dr qᵀ``, ``de = dS α̂``, ``S_{t-1} = S_t − e α̂ᵀ``, ``dS −= de k̂ᵀ``;
+    ``dv = de``.  The sums over value rows that the penalty half needs are
     written per value block, ``[NV, B·H, n_steps, BK]``: ``S_tᵀ dr`` (``dqp``), ``dSᵀ e``
     (``dahp``), ``−S_{t-1}ᵀ de`` (``dkhp``), and ``doᵀ S_t q`` (``dnp`` ``[NV, B·H, n_steps]``);
     :func:`vla_gate_bwd_kernel` takes their sums.  Writes ``dS`` before the segment to ``ds0``.
@@ -772,7 +773,11 @@ def vla_state_bwd_kernel(
         nt = tl.minimum(CK, n_steps - i0)
         c = i_bh * NC + (t_begin + i0) // CK
         S = tl.load(cks_ptr + c * DV * DK + off_vk, mask=m_vk, other=0.0).to(ACC)
-        # 1. The chunk's residuals e_t = v_t − S_{t-1} k̂_t, as the state pass made them.
+        # 1. The chunk's residuals e_t = v_t − S_{t-1} k̂_t, as the state pass made them, and
+        # the sums that need S_t but no cotangent (S_tᵀdr, doᵀS_t q): from S_t as the forward
+        # made it, not as the walk back reconstructs it (S_{t-1} = S_t − e α̂ᵀ carries the
+        # rounding of the chunk's later, larger terms, which swamps S_t where it is small: the
+        # first tokens after S_0 = 0).
         for j in range(nt):
             i = i0 + j
             t = t_begin + i
@@ -782,6 +787,17 @@ def vla_state_bwd_kernel(
             e = v_t - tl.sum(S * kh[:, None], axis=0)
             S = S + ah[:, None] * e[None, :]
             tl.store(e_row + j * BV + ob, e)
+            do_t = tl.load(do_ptr + base_v + t * stride_v + ov, mask=mv, other=0.0).to(ACC)
+            if NORM_OUT:
+                q_t = tl.load(q_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+                zq = tl.load(sc_row + 2 * i + 1)
+                dr = _div(do_t, tl.maximum(zq, out_eps), ACC)
+                dnp = tl.sum(do_t * tl.sum(S * q_t[:, None], axis=0), axis=0)  # this block's rows
+            else:
+                dr = do_t
+                dnp = 0.0
+            tl.store(dqp_ptr + (part + i) * BK + ok, tl.sum(S * dr[None, :], axis=1))
+            tl.store(dnp_ptr + part + i, dnp)
         # The scratch was written by other threads than those that read it below.
         tl.debug_barrier()
         # 2. Backwards through the chunk: S = S_t on entry to each step.
@@ -797,12 +813,8 @@ def vla_state_bwd_kernel(
             e = tl.load(e_row + j * BV + ob)
             if NORM_OUT:
                 dr = _div(do_t, tl.maximum(zq, out_eps), ACC)
-                r = tl.sum(S * q_t[:, None], axis=0)  # this block's rows of S_t q
-                dnp = tl.sum(do_t * r, axis=0)
             else:
                 dr = do_t
-                dnp = 0.0
-            dqp = tl.sum(S * dr[None, :], axis=1)  # S_tᵀ dr over this block's rows
             dS = dS + q_t[:, None] * dr[None, :]
             de = tl.sum(dS * ah[:, None], axis=0)
             dahp = tl.sum(dS * e[None, :], axis=1)
@@ -810,10 +822,8 @@ def vla_state_bwd_kernel(
             dkhp = -tl.sum(S * de[None, :], axis=1)
             dS = dS - kh[:, None] * de[None, :]
             tl.store(dv_ptr + base_v + t * stride_v + ov, de.to(dv_ptr.dtype.element_ty), mask=mv)
-            tl.store(dqp_ptr + (part + i) * BK + ok, dqp)
             tl.store(dahp_ptr + (part + i) * BK + ok, dahp)
             tl.store(dkhp_ptr + (part + i) * BK + ok, dkhp)
-            tl.store(dnp_ptr + part + i, dnp)
         # The next chunk overwrites the scratch that this one read.
         tl.debug_barrier()
     tl.store(ds0_ptr + i_bh * DV * DK + off_vk, dS, mask=m_vk)
@@ -865,11 +875,12 @@ def vla_gate_bwd_kernel(
     :func:`vla_state_bwd_kernel`), the per-token vectors of the gate rerun (``kh, ah, sc, sv,
     cs``: :func:`vla_gate_kernel` with ``SAVE_CHAIN``) and ``dA, dz`` after the segment.
 
-    No recomputation here: each chunk of ``CK`` tokens starts from the state at its *end*, the
-    next checkpoint (slot ``c + 1``; the last chunk's is slot ``NC``, the final state), and walks
-    back with ``Aᵀ`` and ``dAᵀ`` in registers, reconstructing ``A_{t-1} = A_t + s sᵀ/δ − η_t I``
-    and ``z_{t-1} = z_t − k_t`` (rounding adds up over at most ``CK`` steps):
-    ``dn = −(Σ doᵀS_t q)/n²``, ``dz += dn q``, ``dq = Σ S_tᵀdr + dn z_t``; ``dα`` from ``dα̂``;
+    No recomputation here: each chunk of ``CK`` tokens first writes its ``dq = Σ S_tᵀdr + dn
+    z_t`` (``dn = −(Σ doᵀS_t q)/n²``), with ``z_t`` summed forward from the checkpoint at the
+    chunk's start; then it starts from the state at its *end*, the next checkpoint (slot
+    ``c + 1``; the last chunk's is slot ``NC``, the final state), and walks back with ``Aᵀ`` and
+    ``dAᵀ`` in registers, reconstructing ``A_{t-1} = A_t + s sᵀ/δ − η_t I`` (rounding adds up
+    over at most ``CK`` steps): ``dz += dn q``; ``dα`` from ``dα̂``;
     ``dk̂ = Σ(−S_{t-1}ᵀde) + A_tᵀdα``, ``dA += dα k̂ᵀ``; ``ds = −(dA + dAᵀ)s/δ``,
     ``dδ = sᵀdA s/δ²``, ``du = dδ s + A_{t-1}ᵀ ds``, ``dA += ds uᵀ`` (the adjoint equations of
     the step); ``dk = dz + ∂k̂/∂k · dk̂``.  Writes ``dA, dz`` before the segment.
@@ -896,7 +907,23 @@ def vla_gate_bwd_kernel(
         nt = tl.minimum(CK, n_steps - i0)
         c_end = i_bh * (NC + 1) + (t_begin + i0) // CK + 1
         A = tl.load(cka_ptr + c_end * DK * DK + off_kk, mask=m_kk, other=0.0).to(ACC)
-        z = tl.load(ckz_ptr + c_end * DK + ok, mask=mk, other=0.0).to(ACC)
+        # dq = Σ S_tᵀdr + dn z_t needs no cotangent carried back, so the chunk's dq comes first,
+        # with z_t summed forward from the checkpoint at the chunk's start: reconstructed
+        # backwards (z_{t-1} = z_t − k_t) it carries the rounding of the whole chunk's sum,
+        # which swamps z_t where it is small (the first tokens after z_0 = 0).
+        z = tl.load(ckz_ptr + (c_end - 1) * DK + ok, mask=mk, other=0.0).to(ACC)
+        for i in range(i0, i0 + nt):
+            t = t_begin + i
+            r = rows + i
+            k_t = tl.load(k_ptr + base_k + t * stride_k + ok, mask=mk, other=0.0).to(ACC)
+            z = z + k_t
+            dq = tl.load(dqs_ptr + r * BK + ok)
+            if NORM_OUT:
+                zq = tl.load(sc_ptr + r * 2 + 1)
+                n = tl.maximum(zq, out_eps)
+                dn = -_div(tl.load(dns_ptr + r), n * n, ACC)
+                dq = dq + tl.where(zq > out_eps, dn, 0.0) * z
+            tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
         for jj in range(nt):
             i = i0 + nt - 1 - jj
             t = t_begin + i
@@ -912,7 +939,6 @@ def vla_gate_bwd_kernel(
             delta = tl.load(cs_ptr + r * 4 + 1)
             anorm = tl.load(cs_ptr + r * 4 + 2)
             knorm = tl.load(cs_ptr + r * 4 + 3)
-            dq = tl.load(dqs_ptr + r * BK + ok)
             dah = tl.load(dahs_ptr + r * BK + ok)
             if BUG == BUG_DK_SIGN:
                 dkh = tl.zeros([BK], dtype=ACC)
@@ -926,9 +952,7 @@ def vla_gate_bwd_kernel(
             else:
                 dn = 0.0
             dz = dz + dn * q_t
-            dq = dq + dn * z
             dk_t = dz
-            z = z - k_t
             # α̂ = α / max(||α||, norm_eps).  Vectors are scaled by one correctly rounded reciprocal
             # (0.5 + 1 ulp; the gradient budgets of spec §4 are far wider): a vector division
             # compiles to a call per element, and calls in this loop spilled its two tiles.
@@ -962,7 +986,6 @@ def vla_gate_bwd_kernel(
             # k̂ = k / max(||k||, norm_eps).
             rk = _div(1.0, tl.maximum(knorm, norm_eps), ACC)
             dk_t = dk_t + tl.where(knorm > norm_eps, dkh - kh * tl.sum(kh * dkh, axis=0), dkh) * rk
-            tl.store(dq_ptr + base_k + t * stride_k + ok, dq.to(dq_ptr.dtype.element_ty), mask=mk)
             tl.store(dk_ptr + base_k + t * stride_k + ok, dk_t.to(dk_ptr.dtype.element_ty), mask=mk)
             tl.store(du_ptr + base_k + t * stride_k + ok, du.to(du_ptr.dtype.element_ty), mask=mk)
     tl.store(da0_ptr + i_bh * DK * DK + off_kk, dA, mask=m_kk)
@@ -1204,13 +1227,17 @@ def vla_state_bwd_chunk_kernel(
 # -- the penalty adjoint in pieces (products over nudge-free pieces) -----------------------------
 #
 # The nudges and the checkpoints cut a span into pieces of at most min(period, CK) tokens with no
-# nudge inside (a nudge may follow a piece's last token).  Over a piece a..e from A_a, with the
-# rerun's s_t, δ_t (rows S, δ), the keys k̂ (K̂), u (U) and the gates' cotangents dα (DA), and no
-# floored denominator (the caller falls back to vla_gate_bwd_kernel otherwise):
+# nudge inside (a nudge may follow a piece's last token).  Over a piece a..e, with the rerun's
+# s_t, δ_t (rows S, δ), the keys k̂ (K̂), u (U) and the gates' cotangents dα (DA), no floored
+# denominator and none above PIECES_MAX_DENOMINATOR (the caller falls back to
+# vla_gate_bwd_kernel otherwise):
 #
-#   A_a      = A_ck − S_<ᵀ D_<^{-1} S_< + ω η I    from the interval's checkpoint and its earlier
-#                                                  rows (ω nudges among them)
-#   α⁻, β    = K̂ A_a − (tril(K̂ Sᵀ) D^{-1}) S, the same with DA   (A_t before any nudge, times k̂, dα)
+#   A_e      = A_ck' + S_>ᵀ D_>^{-1} S_> − ω η I   A after e, before its nudge: from the checkpoint
+#                                                  at the interval's end and the interval's later
+#                                                  rows (ω nudges from e on); every term added is
+#                                                  positive, so nothing cancels where A contracts
+#   α⁻, β    = K̂ A_e + (striu(K̂ Sᵀ) D^{-1}) S, the same with DA
+#                                             (A_t before any nudge, times k̂, dα)
 #   Tᵀ       = D^{-1} (I + L)^{-1}, L = stril(U Sᵀ) D^{-1}       (the compact WY factor of
 #                                                              Q = N_aᵀ⋯N_eᵀ = I − Uᵀ T S)
 #   Ã, K̃     = DA − (tril(DA Sᵀ) Tᵀ) U, the same with K̂
@@ -1220,7 +1247,7 @@ def vla_state_bwd_chunk_kernel(
 #
 #   C, B     = triu(U α⁻ᵀ), triu(U βᵀ)                              (j ≥ t)
 #   H        = ½ D (C triu(S DAᵀ)ᵀ + B triu(S K̂ᵀ)ᵀ)
-#   W        = D U A_e Σ_e,  A_e = A_a − Sᵀ D^{-1} S                (before the closing nudge)
+#   W        = D U A_e Σ_e
 #   Y        = ½ D (C DA + B K̂) + W − (striu((H + W Sᵀ) Tᵀ)) U        (y_t = Σ^{(t)} s_t)
 #   dδ       = rowsum(S ∘ Y) / δ²,  DS = −2 D^{-1} Y + dδ U
 #   du       = −(C β + B α⁻) − 2 U A_e Σ_e A_e                         (−2 Ω_t u_t)
@@ -1239,13 +1266,11 @@ def vla_state_bwd_chunk_kernel(
 
 
 @triton.jit
-def _piece_rows(pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H,
-                DK, CK, NC, nudge_period, start, t_begin, n_steps, op, ob, ok,
-                BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr,
-                PREC: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
-    """One piece's rows ``[BP, BK]`` (zero past it; ``δ = 1`` there) and ``A`` at its start
-    (``A_a``, tile ``Aᵀ``): ``(a, npc, U, S, K̂, DA, δ, A_a, η_e)``, ``η_e`` the nudge after the
-    piece's last token (0 if none)."""
+def _piece_rows(pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, p_ptr, T, H, DK,
+                nudge_period, start, t_begin, n_steps, op, ok,
+                BK: tl.constexpr, NORM_GATE: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """One piece's rows ``[BP, BK]`` (zero past it; ``δ = 1`` there): ``(a, npc, U, S, K̂, DA,
+    δ, η_e)``, ``η_e`` the nudge after the piece's last token (0 if none)."""
     i_p = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
@@ -1273,47 +1298,69 @@ def _piece_rows(pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr
         DA = DA * (1.0 / tl.maximum(anorm, norm_eps))[:, None]
     else:
         DA = dah
-    # A_a from the interval's checkpoint and the interval's rows before the piece.
-    c = (t_begin + a) // CK
-    i0 = c * CK - t_begin
-    ob_m = ob < a - i0
-    prev = i_bh * n_steps + i0 + ob
-    Sb = tl.load(sv_ptr + prev[:, None] * BK + ok[None, :], mask=ob_m[:, None], other=0.0)
-    db = tl.load(cs_ptr + prev * 4 + 1, mask=ob_m, other=1.0)
-    nudges = ob_m & ((start + t_begin + i0 + ob + 1) % nudge_period == 0)
-    omega = tl.sum(nudges.to(ACC), axis=0)
-    if BUG == BUG_PIECE_START_DROPS_NUDGES:
-        omega = omega * 0.0
-    eye = (ok[:, None] == ok[None, :]) & mk[:, None] & mk[None, :]
-    off_kk = ok[:, None] * DK + ok[None, :]
-    A_a = tl.load(cka_ptr + (i_bh * (NC + 1) + c) * DK * DK + off_kk,
-                  mask=mk[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
-    A_a = A_a - tl.dot(tl.trans(Sb * (1.0 / db)[:, None]), Sb, input_precision=PREC)
-    A_a = A_a + tl.where(eye, omega * nudge_eta, 0.0)
     e_nudged = (start + t_begin + a + npc) % nudge_period == 0
     eta_e = tl.where(e_nudged, nudge_eta, 0.0)
-    return a, npc, U, S, Kh, DA, delta, A_a, eta_e
+    return a, npc, U, S, Kh, DA, delta, eta_e
 
 
 @triton.jit
-def _piece_products(U, S, Kh, DA, delta, A_a, op, BP: tl.constexpr, PREC: tl.constexpr):
-    """``α⁻, β`` ``[BP, BK]`` and ``Tᵀ`` ``[BP, BP]`` of one piece (the comment above)."""
+def _piece_end_a(a, npc, sv_ptr, cs_ptr, cka_ptr, p_ptr, DK, CK, NC, nudge_period, start,
+                 t_begin, n_steps, ob, ok, BK: tl.constexpr, ACC: tl.constexpr,
+                 PREC: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+    """``A`` after the piece's last step ``e``, before the nudge that may follow it (``A_e``,
+    tile ``Aᵀ``)."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    _lam, _sm_floor, nudge_eta, _out_eps, _norm_eps = _load_params(p_ptr)
+    mk = ok < DK
+    # A_e (before the piece's closing nudge) from the checkpoint at the interval's end, adding
+    # back the interval's later rows' downdates and taking off the nudges from e on: each term
+    # is positive, so no digit cancels where the steps contract A (from the interval's start,
+    # A_ck − Σ s sᵀ/δ, the rounding of A_ck swamps a strongly contracted A_e).
+    c = (t_begin + a) // CK
+    i_end = tl.minimum((c + 1) * CK - t_begin, n_steps)
+    e = a + npc - 1
+    ob_m = ob < i_end - 1 - e
+    nxt = i_bh * n_steps + e + 1 + ob
+    Sb = tl.load(sv_ptr + nxt[:, None] * BK + ok[None, :], mask=ob_m[:, None], other=0.0)
+    db = tl.load(cs_ptr + nxt * 4 + 1, mask=ob_m, other=1.0)
+    nudges = (ob < i_end - e) & ((start + t_begin + e + ob + 1) % nudge_period == 0)
+    omega = tl.sum(nudges.to(ACC), axis=0)
+    if BUG == BUG_PIECE_END_DROPS_NUDGES:
+        omega = omega * 0.0
+    eye = (ok[:, None] == ok[None, :]) & mk[:, None] & mk[None, :]
+    off_kk = ok[:, None] * DK + ok[None, :]
+    A_e = tl.load(cka_ptr + (i_bh * (NC + 1) + c + 1) * DK * DK + off_kk,
+                  mask=mk[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
+    A_e = A_e + tl.dot(tl.trans(Sb * (1.0 / db)[:, None]), Sb, input_precision=PREC)
+    A_e = A_e - tl.where(eye, omega * nudge_eta, 0.0)
+    return A_e
+
+
+@triton.jit
+def _piece_gates(Kh, S, DA, delta, A_e, op, PREC: tl.constexpr):
+    """``α⁻, β`` ``[BP, BK]`` of one piece (the comment above)."""
     rd = 1.0 / delta
-    incl = op[:, None] >= op[None, :]  # tril: i ≤ j for rows j, columns i
-    KS = tl.where(incl, tl.dot(Kh, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
-    alpha = tl.dot(Kh, A_a, input_precision=PREC) - tl.dot(KS, S, input_precision=PREC)
-    DS_ = tl.where(incl, tl.dot(DA, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
-    beta = tl.dot(DA, A_a, input_precision=PREC) - tl.dot(DS_, S, input_precision=PREC)
+    after = op[:, None] < op[None, :]  # striu: j > t for rows t, columns j
+    KS = tl.where(after, tl.dot(Kh, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
+    alpha = tl.dot(Kh, A_e, input_precision=PREC) + tl.dot(KS, S, input_precision=PREC)
+    DS_ = tl.where(after, tl.dot(DA, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)
+    beta = tl.dot(DA, A_e, input_precision=PREC) + tl.dot(DS_, S, input_precision=PREC)
+    return alpha, beta
+
+
+@triton.jit
+def _piece_wy(U, S, delta, op, BP: tl.constexpr, PREC: tl.constexpr):
+    """``Tᵀ`` ``[BP, BP]``, the compact WY factor of one piece (the comment above)."""
+    rd = 1.0 / delta
     L = tl.where(op[:, None] > op[None, :],
                  tl.dot(U, tl.trans(S), input_precision=PREC) * rd[None, :], 0.0)  # fmt: skip
-    Tt = _unit_lower_inverse(L, op, op, BP) * rd[:, None]
-    return alpha, beta, Tt
+    return _unit_lower_inverse(L, op, op, BP) * rd[:, None]
 
 
 @triton.jit
 def vla_penalty_bwd_prep_kernel(
-    pc_ptr, q_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, dahs_ptr, dns_ptr, u_ptr, cka_ptr,
-    qm_ptr, lm_ptr, dzp_ptr, p_ptr, T, H, DK, CK, NC, nudge_period, start, t_begin, n_steps,
+    pc_ptr, q_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, dahs_ptr, dns_ptr, u_ptr, qm_ptr,
+    lm_ptr, dzp_ptr, p_ptr, T, H, DK, CK, NC, nudge_period, start, t_begin, n_steps,
     BK: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr, NORM_GATE: tl.constexpr,
     NORM_OUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BUG: tl.constexpr,
 ):  # fmt: skip
@@ -1323,13 +1370,12 @@ def vla_penalty_bwd_prep_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     n_p = tl.num_programs(0)
     op = tl.arange(0, BP)
-    ob = tl.arange(0, BC)
     ok = tl.arange(0, BK)
-    a, npc, U, S, Kh, DA, delta, A_a, _eta = _piece_rows(
-        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H, DK, CK,
-        NC, nudge_period, start, t_begin, n_steps, op, ob, ok, BK, NORM_GATE, ACC, PREC, BUG,
+    a, npc, U, S, Kh, DA, delta, _eta = _piece_rows(
+        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, p_ptr, T, H, DK,
+        nudge_period, start, t_begin, n_steps, op, ok, BK, NORM_GATE, ACC,
     )  # fmt: skip
-    _alpha, _beta, Tt = _piece_products(U, S, Kh, DA, delta, A_a, op, BP, PREC)
+    Tt = _piece_wy(U, S, delta, op, BP, PREC)
     incl = op[:, None] >= op[None, :]
     TS = tl.dot(tl.trans(Tt), S, input_precision=PREC)
     eye = ok[:, None] == ok[None, :]
@@ -1419,11 +1465,14 @@ def vla_penalty_bwd_piece_kernel(
     ob = tl.arange(0, BC)
     ok = tl.arange(0, BK)
     mk = ok < DK
-    a, npc, U, S, Kh, DA, delta, A_a, eta_e = _piece_rows(
-        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, cka_ptr, p_ptr, T, H, DK, CK,
-        NC, nudge_period, start, t_begin, n_steps, op, ob, ok, BK, NORM_GATE, ACC, PREC, BUG,
+    a, npc, U, S, Kh, DA, delta, eta_e = _piece_rows(
+        pc_ptr, kh_ptr, ah_ptr, sv_ptr, cs_ptr, dahs_ptr, u_ptr, p_ptr, T, H, DK,
+        nudge_period, start, t_begin, n_steps, op, ok, BK, NORM_GATE, ACC,
     )  # fmt: skip
-    alpha, beta, Tt = _piece_products(U, S, Kh, DA, delta, A_a, op, BP, PREC)
+    A_e = _piece_end_a(a, npc, sv_ptr, cs_ptr, cka_ptr, p_ptr, DK, CK, NC, nudge_period, start,
+                       t_begin, n_steps, ob, ok, BK, ACC, PREC, BUG)  # fmt: skip
+    alpha, beta = _piece_gates(Kh, S, DA, delta, A_e, op, PREC)
+    Tt = _piece_wy(U, S, delta, op, BP, PREC)
     _lam, _sm_floor, _eta_n, out_eps, norm_eps = _load_params(p_ptr)
     mp = op < npc
     rows = i_bh * n_steps + a + op
@@ -1473,11 +1522,7 @@ def vla_penalty_bwd_piece_kernel(
     tl.store(dk_ptr + off_in, dk.to(dk_ptr.dtype.element_ty), mask=m_in)
     tl.store(da_ptr + off, DA, mask=mp[:, None])
     sig = tl.load(sig_ptr + (i_bh * n_p + i_p) * BK * BK + ok[:, None] * BK + ok[None, :])
-    # Products with A_e = A_a − Sᵀ D^{-1} S go through A_a and the piece's rows, so that only
-    # A_a and Σ are d × d operands (at BK = 128 each is 64 KiB of shared memory).
-    S_rd = S * rd[:, None]  # D^{-1} S (SD below is triu(S DAᵀ))
-    US_rd = tl.dot(U, tl.trans(S_rd), input_precision=PREC)
-    UAe = tl.dot(U, A_a, input_precision=PREC) - tl.dot(US_rd, S, input_precision=PREC)
+    UAe = tl.dot(U, A_e, input_precision=PREC)
     # y_t = Σ^{(t)} s_t, then the steps' cotangents.
     C = tl.where(upper, tl.dot(U, tl.trans(alpha), input_precision=PREC), 0.0)
     B = tl.where(upper, tl.dot(U, tl.trans(beta), input_precision=PREC), 0.0)
@@ -1497,9 +1542,7 @@ def vla_penalty_bwd_piece_kernel(
     # du_t = −2 Ω_t u_t (fewer products than dδ s + A_{t-1} ds, the same in exact
     # arithmetic); U A_e Σ A_e as (W / δ) A_e, reusing W: BP·d² multiply-adds instead
     # of 2d³ for A_e Σ A_e.
-    Wd = W * rd[:, None]
-    WS_rd = tl.dot(Wd, tl.trans(S_rd), input_precision=PREC)
-    WAe = tl.dot(Wd, A_a, input_precision=PREC) - tl.dot(WS_rd, S, input_precision=PREC)
+    WAe = tl.dot(W * rd[:, None], A_e, input_precision=PREC)
     du = -(tl.dot(C, beta, input_precision=PREC) + tl.dot(B, alpha, input_precision=PREC)
            + 2.0 * WAe)  # fmt: skip
     tl.store(du_ptr + off_in, du.to(du_ptr.dtype.element_ty), mask=m_in)
