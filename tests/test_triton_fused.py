@@ -571,7 +571,7 @@ def _grad_check(
 ) -> list:
     """Kernel gradients vs the float64 torch backend under the spec §4 budget
     (:func:`vla_verify.gradient_check.check_gradients`: ``err_p`` from the torch backend in
-    float32 on the received inputs and two copies moved by one ulp).
+    float32 on the received inputs and seven copies moved by one ulp).
 
     For a float64 kernel the error model of :mod:`vla_verify.error_model` rescales a float32
     error to float64; the kernel's own float32 error joins the torch backend's in that estimate

@@ -544,7 +544,7 @@ def _gradient_gates(
     """Gradients of q, k, v, u, S0, A0, z0 against the PyTorch sequential backend in float64.
 
     Budget (spec §4 criterion, :func:`vla_verify.gradient_check.check_gradients`): the float64
-    error against the larger float32 error of the torch backend (on the inputs and two copies
+    error against the larger float32 error of the torch backend (on the inputs and seven copies
     moved by one ulp) and of the kernel, rescaled to float64 by the error model; a wrong
     gradient is O(1) off in both precisions and fails by a factor ~2^29."""
     import numpy as np

@@ -25,6 +25,7 @@ import numpy as np
 
 from .error_model import SliceComparison, compare
 from .errors import DTypeError, ShapeError, VLAInputError
+from .validation import BASELINE_SAMPLES
 
 __all__ = [
     "GRADIENT_LAYOUTS",
@@ -110,7 +111,7 @@ def check_gradients(
     dtype: str = "float32",
     device: str = "cpu",
     baselines: Sequence[Callable[..., Any]] | None = None,
-    copies: int = 2,
+    copies: int = BASELINE_SAMPLES - 1,
     terms: int = 1,
     seed: int = 0,
     **kwargs: Any,
@@ -120,7 +121,8 @@ def check_gradients(
 
     ``err_p`` is the float32 error of each of ``baselines`` (default: ``reference``) against
     the float64 reference on its own inputs, the largest over the received inputs and
-    ``copies`` copies moved by one ulp (:func:`one_ulp_copies`).  For ``dtype="float64"`` the
+    ``copies`` copies moved by one ulp (:func:`one_ulp_copies`; by default as many runs as
+    :func:`vla_verify.validate` takes for a forward).  For ``dtype="float64"`` the
     float32 error of ``fn`` itself is one more baseline (the error model rescales these to
     float64: a correct kernel errs like either, a wrong one is O(1) off in both precisions).
     ``terms`` is the floor's inner-product length (``dk``, or ``dk + C`` for a chunked kernel,
