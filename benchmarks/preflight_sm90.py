@@ -194,7 +194,12 @@ def build(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 m = re.search(rf"{field}:(\d+)", usage)
                 row[field.lower()] = int(m.group(1)) if m else None
         except Exception as exc:
-            row["error"] = repr(exc)[:500]
+            # A CompilationError names the failing line of the kernel; the reason is the
+            # innermost exception of the chain.
+            cause: BaseException = exc
+            while cause.__cause__ is not None or cause.__context__ is not None:
+                cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+            row["error"] = f"{type(cause).__name__}: {str(cause)[-600:]}"
             row["fits"] = False
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -365,7 +365,29 @@ def test_blocked_penalty_chain_matches_the_oracle(config, start, state) -> None:
     assert tc.BLOCK_START_FALLBACKS[0] == before  # the products-only starts passed the check
 
 
-def _planted_blocks(bug: str):
+def test_penalty_chain_by_elimination_matches_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The penalty chain's ``W`` and pivots by one elimination on ``[I + G | Y]``
+    (``PENALTY_ELIMINATION``) within the budget: one chain of chunks of 16 and 32 tokens (paper,
+    strong nudges, exact preset), and in blocks; elimination that subtracts the rows of ``Y``
+    as loaded instead of as solved is rejected."""
+    monkeypatch.setattr(tc, "PENALTY_ELIMINATION", True)
+    inputs, initial = _inputs(70, 8, 8, seed=3, state=True)
+    for C, config, start in ((16, PAPER, 0), (32, STRONG_NUDGE, 7), (16, VLAConfig.exact(), 3)):
+
+        def one_chain(*args, C=C, **kwargs):  # type: ignore[no-untyped-def]
+            return tc.chunked_vla(*args, chunk_size=C, penalty_chunk=C, **kwargs)
+
+        assert _outside_budget(one_chain, inputs, initial, config, start, C) == []
+    assert _outside_budget(_planted_blocks(None), inputs, initial, STRONG_NUDGE, 7, 16) == []
+
+    def planted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*args, chunk_size=16, planted_bug="elimination_unsolved_row",
+                              **kwargs)  # fmt: skip
+
+    assert _outside_budget(planted, inputs, initial, STRONG_NUDGE, 7, 16) != []
+
+
+def _planted_blocks(bug: str | None):
     def planted(*args, **kwargs):
         return tc.chunked_vla(*args, chunk_size=16, penalty_block=16, planted_bug=bug, **kwargs)
 

@@ -206,7 +206,7 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
             _log("penalty", pd, regime, res[f"penalty_{pd}_{regime}"])
 
     # Gradients (the recurrent kernel's adjoint) against torch_chunked float64, spec §4 budget
-    # with err_p from torch_chunked in float32 on the inputs and two copies moved by one ulp.
+    # with err_p from torch_chunked in float32 on the inputs and seven copies moved by one ulp.
     try:
         B, T, H, dk = RUN["grad_shape"]
         x = _inputs(B, T, H, dk, torch.float32, RUN["device"], seed=1)
@@ -682,6 +682,75 @@ def minimal(out: dict[str, Any]) -> None:
                 RUN["path"].write_text(json.dumps(out, indent=1))
 
 
+#: The forward's penalty-chain variants of ``--chain-variants``: (name, PENALTY_ELIMINATION,
+#: penalty_dtype).
+CHAIN_VARIANTS = (
+    ("factor_inverse", False, "float64"),
+    ("elimination", True, "float64"),
+    ("factor_inverse_f32", False, "float32"),
+    ("elimination_f32", True, "float32"),
+)
+
+
+def chain_variants(out: dict[str, Any]) -> None:
+    """The chunked forward with each of :data:`CHAIN_VARIANTS` side by side, B = 1, H = grid_H,
+    bf16, paper preset, at ``variant_T`` for each of ``variant_Ds``: first each variant's ``o``
+    against the default's (relative max difference; the float64 variants agree to the float32
+    gates' rounding), then the forward's median and the penalty chain kernel's device time
+    (torch.profiler, mean of five calls)."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16
+    rows = out.setdefault("chain_variants", [])
+    T = RUN["variant_T"]
+    for D in RUN["variant_Ds"]:
+        x = _inputs(1, T, H, D, dt, dev)
+        args = tuple(x[n] for n in "qkvu")
+        base = None
+        for name, eliminate, pd in CHAIN_VARIANTS:
+            tc.PENALTY_ELIMINATION = eliminate
+            try:
+
+                def fwd(pd: str = pd, args: tuple[Any, ...] = args) -> Any:
+                    return tc.chunked_vla(*args, config=cfg, penalty_dtype=pd)[0]
+
+                o = fwd().float()
+                if base is None:
+                    base = o
+                diff = float((o - base).abs().max() / base.abs().max().clamp_min(1e-30))
+                row: dict[str, Any] = {"D": D, "T": T, "variant": name, "rel_diff": diff}
+                row["median_ms"] = time_ms(fwd, device=dev)
+                if not smoke:
+                    from torch.profiler import ProfilerActivity, profile
+
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(5):
+                            fwd()
+                        torch.cuda.synchronize()
+                    chain_us = sum(e.device_time_total for e in prof.key_averages()
+                                   if e.key == "penalty_chain_kernel")  # fmt: skip
+                    row["chain_kernel_ms"] = chain_us / 5 / 1000
+                rows.append(row)
+                _log(row)
+            except Exception as exc:
+                rows.append({"D": D, "T": T, "variant": name, "error": repr(exc)[:400]})
+                _log("chain variant failed", name, D, repr(exc)[:400])
+            finally:
+                tc.PENALTY_ELIMINATION = False
+            if RUN.get("path"):
+                RUN["path"].write_text(json.dumps(out, indent=1))
+        del x, args, base
+        if not smoke:
+            torch.cuda.empty_cache()
+
+
 def adjoint(out: dict[str, Any]) -> None:
     """The backward's adjoint nine ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
@@ -861,6 +930,11 @@ def main() -> None:
         help="the oracle check at T = 4096, then the grid at T <= 16384 (no validate)",
     )
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument(
+        "--chain-variants",
+        action="store_true",
+        help="the forward's penalty-chain variants side by side (CHAIN_VARIANTS), then stop",
+    )
     ap.add_argument("--D", type=int, nargs="+", default=None, help="the grid's head widths")
     ap.add_argument(
         "--fwdbwd-chunked-max-T",
@@ -964,6 +1038,8 @@ def main() -> None:
         steps.append(lambda: minimal(out))
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
+    elif a.chain_variants:
+        steps.append(lambda: chain_variants(out))
     elif not a.compile_check:
         steps.append(full)
     for step in steps:

@@ -94,6 +94,11 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
+#: Whether the penalty chain takes ``W = L^{-1} Y`` and the pivots by one elimination on
+#: ``[I + G | Y]`` (``P`` dependent steps a chunk) instead of the factorisation, the inverse of
+#: ``L`` and a product (``2P − 1`` steps and the product).  The chunk's time grows with ``P``
+#: (above), so its dependent steps, not its products, set it; off until timed side by side.
+PENALTY_ELIMINATION = False
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
 #: width at least ``dk``): see :func:`penalty_block_length`.  The fastest measured on the H200
@@ -132,6 +137,7 @@ PLANTED_BUGS: dict[str, int] = {
     "unchecked_block_starts": kernels.BUG_UNCHECKED_BLOCK_STARTS,
     "block_matrix_nudge_first": kernels.BUG_MATRIX_NUDGE_FIRST,
     "ut_block_term": kernels.BUG_UT_BLOCK_TERM,
+    "elimination_unsolved_row": kernels.BUG_ELIMINATION_UNSOLVED_ROW,
 }
 
 
@@ -454,7 +460,8 @@ def _forward(
             kp, up, X, W, gates, cka, params, T, H, start_mod, period, H * dk, dk,
             DK=dk, CPB=block // CP, NCK=nck + 1, CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb,
             CP=CP, TP=TP, PD=_tl_dtype(pd), NORMALIZE_GATE=config.normalize_gate,
-            SAVE_CKPT=save_checkpoints, BUG=bug, num_warps=warps,
+            SAVE_CKPT=save_checkpoints, ELIMINATE=PENALTY_ELIMINATION, BUG=bug,
+            num_warps=warps,
         )  # fmt: skip
         return X
 

@@ -16,6 +16,10 @@ The launches, in this order:
        Y = U X + c_{t-1}·U        KA = K̂ X                     (tensor-core products)
        G = U Yᵀ  (lower triangle)  I + G = L D Lᵀ  (pivots clamped at sm_floor)
        W = L^{-1} Y  (rows s_jᵀ)    α = KA − tril(K̂ (W D^{-1})ᵀ) W + c_t·K̂
+
+   ``W`` and ``D`` come from the factorisation followed by the inverse of ``L`` and a product,
+   or, with ``ELIMINATE``, from one elimination on ``[I + G | Y]`` (half the dependent steps;
+   ``PENALTY_ELIMINATION`` in :mod:`.triton_chunked`, off until timed).
        X ← X − (W D^{-1})ᵀ W + c_C·I
 
    ``c_t`` is the isotropic shift of ``A_t = B_t + c_t·I`` inside the chunk: the nudges that
@@ -61,6 +65,9 @@ BUG_UNCHECKED_BLOCK_STARTS = 4
 BUG_MATRIX_NUDGE_FIRST = 5
 #: In :func:`state_prep_kernel` (chunks of 64): ``T_20`` without its ``N_21 T_10`` term.
 BUG_UT_BLOCK_TERM = 6
+#: In the penalty chain's elimination (``ELIMINATE``): each step subtracts row ``j`` of ``Y`` as
+#: loaded, not as solved (``W = Y − stril(L) Y`` instead of ``L^{-1} Y``).
+BUG_ELIMINATION_UNSOLVED_ROW = 7
 
 
 @triton.jit
@@ -97,6 +104,30 @@ def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
 
 
 @triton.jit
+def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr):
+    """``W = L^{-1} Y`` and the pivots ``d`` of ``M = L D Lᵀ`` (``[C, C]``, its lower triangle
+    read, every pivot clamped ``d_j = max(d_j, floor)``), by elimination on ``[M | Y]``: step
+    ``j`` subtracts ``L_rj`` times the already solved row ``j`` of ``Y`` from every row
+    ``r > j``.  One pass of ``C`` steps (two dependent reductions each: the column, then its
+    pivot) instead of the factorisation's ``C`` and the inverse's ``C − 1``, and no product
+    ``L^{-1} Y`` after them; the same multiply-adds."""
+    d = tl.full([C], 1.0, M.dtype)
+    Y0 = Y
+    for j in range(C):
+        col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
+        if BUG == 7:  # BUG_ELIMINATION_UNSOLVED_ROW (a jit function reads literals only)
+            yj = tl.sum(tl.where(rows[:, None] == j, Y0, 0.0), axis=0)
+        else:
+            yj = tl.sum(tl.where(rows[:, None] == j, Y, 0.0), axis=0)  # row j of Y, solved
+        piv = tl.maximum(tl.sum(tl.where(rows == j, col, 0.0), axis=0), floor)
+        lcol = tl.where(rows > j, col / piv, 0.0)
+        d = tl.where(rows == j, piv, d)
+        M = M - piv * (lcol[:, None] * lcol[None, :])
+        Y = Y - lcol[:, None] * yj[None, :]
+    return Y, d
+
+
+@triton.jit
 def penalty_chain_kernel(
     k_ptr,
     u_ptr,
@@ -122,6 +153,7 @@ def penalty_chain_kernel(
     PD: tl.constexpr,
     NORMALIZE_GATE: tl.constexpr,
     SAVE_CKPT: tl.constexpr,
+    ELIMINATE: tl.constexpr,
     BUG: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -176,9 +208,12 @@ def penalty_chain_kernel(
         Y = Y + c_before[:, None] * U
         G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
-        Lm, d = _ldl_clamped(eye + G, ot, ot, floor, CP)
-        Linv = unit_lower_inverse(Lm - eye, ot, ot, CP)
-        W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
+        if ELIMINATE:
+            W, d = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
+        else:
+            Lm, d = _ldl_clamped(eye + G, ot, ot, floor, CP)
+            Linv = unit_lower_inverse(Lm - eye, ot, ot, CP)
+            W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
         Ws = W / d[:, None]
         Xm = tl.where(tril, tl.dot(Kh_p, tl.trans(Ws), input_precision="ieee", out_dtype=PD), 0.0)
         alpha = KA - tl.dot(Xm, W, input_precision="ieee", out_dtype=PD)
