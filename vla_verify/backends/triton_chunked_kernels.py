@@ -564,9 +564,8 @@ def state_output_kernel(
     O += tl.dot(P, E, input_precision=PREC)
     if NORMALIZE_OUTPUT:
         Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
-        ones = tl.where(ot[:, None] >= ot[None, :], 1.0, 0.0)
         z = tl.load(z_chunks_ptr + (bh * NC + c) * BK + ok)
-        Z = z[None, :] + tl.dot(ones, Kr, input_precision="ieee")
+        Z = z[None, :] + tl.cumsum(Kr, axis=0)
         den = tl.maximum(tl.sum(Z * Q, axis=1), out_eps)
         O = O / den[:, None]
     op = o_ptr + b * T * so_t + h * so_h + tok[:, None] * so_t + ov[None, :]
