@@ -1495,8 +1495,9 @@ def vla_penalty_bwd_piece_kernel(
         n = tl.maximum(zq, out_eps)
         dn = -tl.load(dns_ptr + rows, mask=mp, other=0.0) / (n * n)
         dn = tl.where(mp & (zq > out_eps), dn, 0.0)
-        ones_up = tl.where(upper, 1.0, 0.0)
-        dz_t = dz_e[None, :] + tl.dot(ones_up, dn[:, None] * Q, input_precision="ieee")
+        # Suffix and prefix sums over the piece's rows as scans: as float32 products with a
+        # triangle of ones they ran off the tensor cores and spilled the kernel's tiles.
+        dz_t = dz_e[None, :] + tl.cumsum(dn[:, None] * Q, axis=0, reverse=True)
         # z_t = z at the interval's start + the interval's keys to t.
         c = (t_begin + a) // CK
         i0 = c * CK - t_begin
@@ -1504,9 +1505,8 @@ def vla_penalty_bwd_piece_kernel(
         ob_m = ob < a - i0
         Kb = tl.load(k_ptr + base_k + (t_begin + i0 + ob)[:, None] * (H * DK) + ok[None, :],
                      mask=ob_m[:, None] & mk[None, :], other=0.0).to(ACC)  # fmt: skip
-        ones_lo = tl.where(op[:, None] >= op[None, :], 1.0, 0.0)
         z = z0[None, :] + tl.sum(Kb, axis=0)[None, :]
-        z = z + tl.dot(ones_lo, K, input_precision="ieee")
+        z = z + tl.cumsum(K, axis=0)
         dq = dq + dn[:, None] * z
     else:
         dz_t = dz_e[None, :] + tl.zeros([BP, BK], dtype=ACC)
