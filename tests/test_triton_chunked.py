@@ -116,95 +116,57 @@ def test_planted_bug_is_rejected(bug: str) -> None:
 
 def test_gradients_match_torch_chunked_in_float64() -> None:
     """The backward (the recurrent kernels' adjoint, module docstring "Gradients"): the float32
-    gradients are within the spec §4 budget of torch_chunked's float64 ones (the baseline:
-    torch_chunked's own float32 gradients)."""
-    inputs, initial = _inputs(20, 4, 3, seed=3, state=True)
+    gradients are within the spec §4 budget of torch_chunked's float64 ones (``err_p``:
+    torch_chunked's own float32 gradients, :func:`vla_verify.gradient_check.check_gradients`),
+    strong nudges, the clock started at 5."""
     from vla_verify.backends.torch_chunked import chunked
+    from vla_verify.gradient_check import check_gradients
 
-    def grads(fn, dtype):
-        xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (*inputs, *initial)]
-        o, (S, A, z) = fn(*xs[:4], initial_state=tuple(xs[4:]))
-        loss = (o * o).sum() + S.sum() + A.sum() + z.sum()
-        loss.backward()
-        return [x.grad.double().numpy() for x in xs]
+    inputs, initial = _inputs(20, 4, 3, seed=3, state=True)
+    rng = np.random.default_rng(4)
+    cotangents = [rng.standard_normal(x.shape) for x in (inputs[2], *initial)]
 
-    def torch_fn(*a, initial_state):
-        return chunked(
-            *a, config=STRONG_NUDGE, initial_state=initial_state, chunk_size=16,
-            penalty_chain="woodbury", start=5,
-        )  # fmt: skip
+    def torch_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return chunked(*a, penalty_chain="woodbury", chunk_size=16, start=5, **kw)
 
-    def triton_fn(*a, initial_state):
-        return tc.chunked_vla(
-            *a, config=STRONG_NUDGE, initial_state=initial_state, chunk_size=16, start=5
-        )
+    def triton_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*a, chunk_size=16, start=5, **kw)
 
-    ref = grads(torch_fn, torch.float64)
-    base = grads(torch_fn, torch.float32)
-    got = grads(triton_fn, torch.float32)
-    u32 = float(np.finfo(np.float32).eps) / 2
-    for g, r, b in zip(got, ref, base, strict=True):
-        budget = 2.0 * np.max(np.abs(b - r)) + 2 * (4 + 16 + 2) * u32 * np.max(np.abs(r))
-        assert np.max(np.abs(g - r)) <= budget
+    checks = check_gradients(
+        triton_fn, torch_fn, [*inputs, *initial], cotangents, config=STRONG_NUDGE,
+        dtype="float32", terms=inputs[0].shape[-1] + 16,
+    )  # fmt: skip
+    assert all(c.passed for c in checks.values()), {n: c.ratio for n, c in checks.items()}
 
 
 def _gradients_outside_budget(inputs, initial, cotangents, start: int) -> list[str]:
     """Names of triton_chunked's float32 gradients of ``Σ ⟨cotangent, output⟩`` over
     ``o, S, A, z`` (in the inputs and the initial state) outside the spec §4 budget against
     torch_chunked's float64 ones on the float32 values the kernel received; paper preset,
-    ``C = 16``, the floor's terms ``dk + C``.
+    ``C = 16``, the floor's terms ``dk + C`` (:func:`vla_verify.gradient_check.check_gradients`).
 
     ``err_p`` is the float32 error of two other algorithms, torch_chunked's autograd and the
     recurrent kernel (``fused_recurrent_vla``), each against float64 on its own inputs, the
-    largest over the received inputs and two copies moved by one unit in the last place (spec
-    §4: one run can round luckily).  The chunked backward is the recurrent adjoint started from
-    the chunked forward's checkpoints, so a correct one errs like either, and a wrong one is
-    O(1) off."""
+    largest over the received inputs and two copies moved by one unit in the last place.  The
+    chunked backward is the recurrent adjoint started from the chunked forward's checkpoints, so
+    a correct one errs like either, and a wrong one is O(1) off."""
     from vla_verify.backends.torch_chunked import chunked
+    from vla_verify.gradient_check import check_gradients
 
-    def grads(fn, values, dtype):
-        xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in values]
-        o, state = fn(
-            *xs[:4], config=PAPER, initial_state=tuple(xs[4:]), chunk_size=16, start=start
-        )
-        outs = (o, *state)
-        sum(
-            (y.double() * torch.tensor(c)).sum() for y, c in zip(outs, cotangents, strict=True)
-        ).backward()
-        return [x.grad.double().numpy() for x in xs]
+    def torch_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return chunked(*a, penalty_chain="woodbury", chunk_size=16, start=start, **kw)
 
-    def torch_fn(*a, **kw):
-        return chunked(*a, penalty_chain="woodbury", **kw)
+    def fused_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return tc.fused.fused_recurrent_vla(*a, start=start, **kw)
 
-    def fused_fn(*a, chunk_size, **kw):
-        return tc.fused.fused_recurrent_vla(*a, **kw)
+    def triton_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*a, chunk_size=16, start=start, **kw)
 
-    received = [x.astype(np.float32).astype(np.float64) for x in (*inputs, *initial)]
-    rng = np.random.default_rng(0)
-
-    def moved_one_ulp(x):
-        toward = np.where(rng.random(x.shape) < 0.5, np.inf, -np.inf).astype(np.float32)
-        return np.nextafter(x.astype(np.float32), toward).astype(np.float64)
-
-    perturbed = [received] + [[moved_one_ulp(x) for x in received] for _ in range(2)]
-    err_p = np.zeros(len(received))
-    for values in perturbed:
-        exact = grads(torch_fn, values, torch.float64)
-        for fn in (torch_fn, fused_fn):
-            run = grads(fn, values, torch.float32)
-            err_p = np.maximum(
-                err_p, [np.max(np.abs(a - r)) for a, r in zip(run, exact, strict=True)]
-            )
-    ref = grads(torch_fn, received, torch.float64)
-    got = grads(tc.chunked_vla, received, torch.float32)
-    u32 = float(np.finfo(np.float32).eps) / 2
-    terms = inputs[0].shape[-1] + 16
-    bad = []
-    for name, g, r, e in zip(("q", "k", "v", "u", "S", "A", "z"), got, ref, err_p, strict=True):
-        budget = 2.0 * e + 2 * (terms + 2) * u32 * np.max(np.abs(r))
-        if np.max(np.abs(g - r)) > budget:
-            bad.append(f"{name} ({np.max(np.abs(g - r)) / budget:.2f}x)")
-    return bad
+    checks = check_gradients(
+        triton_fn, torch_fn, [*inputs, *initial], cotangents, config=PAPER, dtype="float32",
+        baselines=[torch_fn, fused_fn], copies=2, terms=inputs[0].shape[-1] + 16,
+    )  # fmt: skip
+    return [f"{name} ({c.ratio:.2f}x)" for name, c in checks.items() if not c.passed]
 
 
 def _state_gradient_case(T: int = 22):
