@@ -89,8 +89,9 @@ Checkpoints = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
-#: T = 4096; ``benchmarks/results/h200/chunk_c3358c5.json``, "variants"): 5.1 ms at 16 against
-#: 7.2 ms at 32 and 12.7 ms at 64 for D = 64 (9.5 / 11.5 / 40.5 ms at D = 128).  Its LDLᵀ and
+#: T = 4096; ``benchmarks/results/h200/chunk_c32ddae.json``, "variants" for 16 and 64, the
+#: forward records for 32): 5.1 ms at 16 against 7.2 ms at 32 and 12.7 ms at 64 for D = 64
+#: (9.5 / 11.5 / 40.5 ms at D = 128).  Its LDLᵀ and
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16

@@ -685,10 +685,11 @@ _PIECES_ONE_STAGE_ABOVE = 64
 #: contraction of ``A`` along ``u`` from differences whose float32 rounding grows about like
 #: ``δ`` (``u_tᵀα_j = u_tᵀA_j k̂_j`` is formed from ``α_j`` at the scale of ``A``, while
 #: ``A_j u_t`` is ``δ`` times smaller), where the per-token kernel's does not: on penalties along
-#: two axes with magnitudes up to 10^{1, 1.5, 2} (``δ`` up to 10^3, 10^4, 10^5; float32, paper
-#: preset, from the zero state, three seeds) the pieces reached 2.2, 4.0 and 4.8 times the
-#: spec §4 budget, and up to 10^0.5 (``δ`` ≤ 97) at most 0.49 of it, the per-token kernel 0.56
-#: (``tests/test_triton_fused.py::test_penalty_adjoint_in_pieces_on_strong_penalties``).
+#: two axes with mixed magnitudes up to 10^{1, 1.5, 2} (``δ`` up to 10^3, 10^4, 10^5; float32,
+#: paper preset, from the zero state, three seeds) the pieces reached 1.08, 1.20 and 2.67 times
+#: the spec §4 budget, and up to 10^0.5 (``δ`` ≤ 100) at most 0.39 of it, the per-token kernel
+#: 0.54 (``benchmarks/results/cpu/pieces_accuracy.json``; the limit's meta-test:
+#: ``tests/test_triton_fused.py::test_penalty_adjoint_in_pieces_on_strong_penalties``).
 #: Layer-like penalties (``‖u‖² = 1/dk``) keep ``δ`` near ``1 + 1/(lambda0·dk)``.
 PIECES_MAX_DENOMINATOR = 100.0
 
