@@ -74,10 +74,13 @@ def record(
                     # Identity block matrices, so that the block starts solve.
                     m = args[1]
                     m.copy_(torch.eye(m.shape[-1], dtype=m.dtype).expand_as(m))
+                # Denominators unfloored, so that the adjoint's paths that check them (the
+                # blocks, the pieces) launch their kernels: the gate rerun's, or the chunked
+                # forward's kept for the backward (the penalty chain's argument 8).
                 if self.name == "vla_gate_kernel":
-                    # Denominators unfloored, so that the adjoint's paths that check them
-                    # (the blocks, the pieces) launch their kernels.
                     kwargs["cs_ptr"].fill_(1.0)
+                if self.name == "penalty_chain_kernel":
+                    args[8].fill_(1.0)
                 launches.append({"module": self.module, "kernel": self.name,
                                  "args": [kind(a) for a in args],
                                  "kwargs": {k: kind(v) for k, v in kwargs.items()}})  # fmt: skip

@@ -207,7 +207,7 @@ def test_wrong_gradient_is_rejected(bug: str, T: int, monkeypatch: pytest.Monkey
     kernel that the budget also consults."""
     adjoint = tc._recurrent_adjoint
 
-    def planted(q, k, v, u, initial, config, start, cotangents, ck):
+    def planted(q, k, v, u, initial, config, start, cotangents, ck, chain):
         do, dS, dA, dz = cotangents
         cks, cka, ckz = ck
         if bug == "transposed_dS":
@@ -218,11 +218,48 @@ def test_wrong_gradient_is_rejected(bug: str, T: int, monkeypatch: pytest.Monkey
             cks = cks.mT.contiguous()
         if bug == "shifted_A_checkpoints":
             cka = torch.cat([cka[:, :, :1], cka[:, :, :-1]], dim=2)
-        dq, *rest = adjoint(q, k, v, u, initial, config, start, (do, dS, dA, dz), (cks, cka, ckz))
+        dq, *rest = adjoint(
+            q, k, v, u, initial, config, start, (do, dS, dA, dz), (cks, cka, ckz), chain
+        )
         return (1.001 * dq if bug == "scaled_dq" else dq, *rest)
 
     monkeypatch.setattr(tc, "_recurrent_adjoint", planted)
     assert _gradients_outside_budget(*_state_gradient_case(T)) != []
+
+
+def test_backward_reads_the_forwards_chain_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward takes the per-token gate values that the forward stored: it runs with the
+    gate rerun refused (the gradient checks above and below run this path)."""
+    inputs, initial, cotangents, start = _state_gradient_case(70)
+    t = [torch.tensor(x, dtype=torch.float32, requires_grad=True) for x in [*inputs, *initial]]
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the gate pass was rerun")
+
+    monkeypatch.setattr(tc.fused, "_rerun", refused)
+    o, state = tc.chunked_vla(*t[:4], initial_state=tuple(t[4:]), chunk_size=16, start=start)
+    loss = sum(
+        (x * torch.tensor(c, dtype=torch.float32)).sum()
+        for x, c in zip((o, *state), cotangents, strict=True)
+    )
+    grads = torch.autograd.grad(loss, t)
+    assert all(bool(torch.isfinite(g).all()) and bool(g.abs().max() > 0) for g in grads)
+
+
+@pytest.mark.parametrize("bug", ["saved_s_over_pivot", "saved_normaliser_before_key"])
+def test_wrong_saved_chain_values_are_rejected(bug: str) -> None:
+    """The gradient check fails a forward that stores ``s/δ`` for ``s`` or ``z_{t-1}ᵀq`` for
+    the normaliser ``z_tᵀq`` (the forward's outputs are unchanged: only the backward reads
+    them)."""
+    inputs, initial, cotangents, start = _state_gradient_case(22)
+    real = tc.chunked_vla
+
+    def planted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return real(*args, planted_bug=bug, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tc, "chunked_vla", planted)
+        assert _gradients_outside_budget(inputs, initial, cotangents, start) != []
 
 
 @pytest.mark.parametrize(

@@ -830,6 +830,43 @@ def test_blocked_adjoint_equals_one_pass(blocks: int) -> None:
     assert _blocked_mismatch(blocks) == []
 
 
+def _with_a_forward_chain(monkeypatch: pytest.MonkeyPatch, shift: int = 0) -> None:
+    """Make every backward read per-token gate values handed to it (``chain`` of
+    :func:`_backward`, as the chunked backend's forward keeps them) instead of rerunning the
+    gate pass per span: here the whole sequence's, rerun once from the initial checkpoint.
+    ``shift``: the values rolled by that many tokens (a planted bug)."""
+    tf = _fused()
+    real = getattr(tf._backward, "__wrapped__", tf._backward)
+
+    def backward(q, k, v, u, ck, do, final, run, chain=None):  # type: ignore[no-untyped-def]
+        period, start = tf._clock(run.config, run.start)
+        acc = tf._acc(q.dtype)[0]
+        adj = tf._Adjoint(q, k, v, u, do, *ck, q, k, v, u, run,
+                          tf._params(run.config, acc, q.device), period, start)  # fmt: skip
+        chain = tf._rerun(adj, (q, k, u), ck[1][:, :, 0].contiguous(),
+                          ck[2][:, :, 0].contiguous(), 0, q.shape[1], start)  # fmt: skip
+        chain = tuple(x.roll(shift, dims=1) for x in chain)
+        return real(q, k, v, u, ck, do, final, run, chain)
+
+    backward.__wrapped__ = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(tf, "_backward", backward)
+
+
+@pytest.mark.parametrize(("blocks", "spans"), [(1, 5), (4, 1)])
+def test_adjoint_from_the_forwards_chain_values(
+    blocks: int, spans: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adjoint reading the forward's per-token gate values (``chain``), sliced per span
+    (segments of 16 tokens: five spans at T = 77) or folded into blocks, gives the rerunning
+    one-pass adjoint's gradients to float64 rounding; the values one token late do not."""
+    if spans > 1:
+        monkeypatch.setattr(_fused(), "_SEGMENT_FLOATS", 4 * 2 * 16 * 16)  # 16-token segments
+    _with_a_forward_chain(monkeypatch)
+    assert _blocked_mismatch(blocks) == []
+    _with_a_forward_chain(monkeypatch, shift=1)
+    assert _blocked_mismatch(blocks) != []
+
+
 def test_blocked_adjoint_falls_back_where_a_denominator_is_floored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -761,7 +761,9 @@ def adjoint(out: dict[str, Any]) -> None:
     (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
     checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
     (``one_pass_rerun``), with the chunked ones (``one_pass_pieces_rerun``) and with the state
-    adjoint in chunks only (``one_pass_state_rerun``).
+    adjoint in chunks only (``one_pass_state_rerun``).  The chunked backend's backward reads the
+    chain values its forward kept; ``vla_triton_chunked_rerun`` times it rerunning the gate pass
+    instead, beside it.
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
@@ -844,6 +846,8 @@ def adjoint(out: dict[str, Any]) -> None:
             for name in built:
                 plan_for = mode(name)
                 fns = _grid_fwdbwd_fns(x, cfg, T, D)
+                if "vla_triton_chunked" in fns:
+                    fns["vla_triton_chunked_rerun"] = _rerun_instead(fns["vla_triton_chunked"])
                 for op, fn in fns.items():
                     if name != "one_pass" and not op.startswith("vla_"):
                         continue  # the anchors once
@@ -869,6 +873,22 @@ def adjoint(out: dict[str, Any]) -> None:
                 torch.cuda.empty_cache()
     finally:
         fused.plan_for = default_plan  # type: ignore[assignment]
+
+
+def _rerun_instead(fn: Any) -> Any:
+    """``fn`` (a forward + backward of the chunked backend) with its backward rerunning the gate
+    pass from the checkpoints instead of reading the chain values its forward kept."""
+    from vla_verify.backends import triton_chunked as tc
+
+    def run() -> Any:
+        kept = tc._recurrent_adjoint
+        tc._recurrent_adjoint = lambda *a: kept(*a[:9], None)  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            tc._recurrent_adjoint = kept  # type: ignore[assignment]
+
+    return run
 
 
 def _adjoint_breakdown(out: dict[str, Any], x: dict[str, Any], cfg: Any, T: int, D: int) -> None:

@@ -27,16 +27,20 @@ float32 stays available for layer-like penalties.  The state comes back in float
 Gradients.  The backward is the adjoint of the recurrence (spec §2.3) by the recurrent kernels
 of :mod:`.triton_fused`, started from checkpoints that this forward keeps when an input needs a
 gradient: ``S`` and ``z`` at the state chain's chunk starts, ``A`` stored by the penalty kernel,
-every 64 tokens (the recurrent backward's interval and layout).  There is no chunked Triton
-adjoint yet; the recurrent one is about 8× faster than recomputing the forward through
-:func:`vla_verify.backends.torch_chunked.chunked` and differentiating it with autograd (94.5
-against 768 ms for forward + backward on the H200 at T = 16384, D = 64;
-``docs/design/triton_chunked.md``, "Measured times"), and with the checkpoints it needs no
-rerun of the recurrent forward.  The recurrent kernels take every input this forward takes
-(float32, bfloat16, float16; dk, dv ≤ 128; every configuration and ``start``; any initial
-state, in the same spec §1 layouts).  The gradients are those of spec §2.3 along the chunked
-trajectory, as the recurrent adjoint walks it from the checkpoints; on long inputs that adjoint
-runs in blocks of tokens side by side (``RecurrentPlan.adjoint_blocks``).
+every 64 tokens (the recurrent backward's interval and layout); and with the per-token values
+that the recurrent adjoint would otherwise rerun its gate pass for (``k̂, α̂, s``, the
+pivots, the norms, ``α̂ᵀq`` and ``zᵀq``: :data:`Chain`), which the penalty and read-out kernels
+store as they form them (``3·BK + 6`` floats per token and head until the backward).  There
+is no chunked Triton adjoint yet; the recurrent one is about 8× faster than recomputing the
+forward through :func:`vla_verify.backends.torch_chunked.chunked` and differentiating it with
+autograd (94.5 against 768 ms for forward + backward on the H200 at T = 16384, D = 64;
+``docs/design/triton_chunked.md``, "Measured times"), and with the checkpoints and the chain
+values it reruns neither the recurrent forward nor its gate pass.  The recurrent kernels take
+every input this forward takes (float32, bfloat16, float16; dk, dv ≤ 128; every configuration
+and ``start``; any initial state, in the same spec §1 layouts).  The gradients are those of
+spec §2.3 along the chunked trajectory, as the recurrent adjoint walks it from the
+checkpoints with the chain values; on long inputs that adjoint runs in blocks of tokens side
+by side (``RecurrentPlan.adjoint_blocks``).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ _NAME = "triton_chunked"
 _CHECKPOINT_EVERY = 64
 #: The backward's checkpoints: ``Sᵀ``, ``Aᵀ``, ``z`` (:func:`_forward`).
 Checkpoints = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: The backward's per-token values of the chains: ``k̂, α̂, (α̂ᵀq, zᵀq), s, (1 + uᵀs, δ, ‖α‖,
+#: ‖k‖)`` (:func:`_forward`).
+Chain = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 #: Chunk sizes of the state chain (those of fla's chunk kernels).
 CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: The penalty chain's chunk by default: the fastest measured on the H200 (B = 1, H = 16, bf16,
@@ -139,6 +146,8 @@ PLANTED_BUGS: dict[str, int] = {
     "block_matrix_nudge_first": kernels.BUG_MATRIX_NUDGE_FIRST,
     "ut_block_term": kernels.BUG_UT_BLOCK_TERM,
     "elimination_unsolved_row": kernels.BUG_ELIMINATION_UNSOLVED_ROW,
+    "saved_s_over_pivot": kernels.BUG_SAVED_S_OVER_PIVOT,
+    "saved_normaliser_before_key": kernels.BUG_SAVED_NORMALISER_BEFORE_KEY,
 }
 
 
@@ -371,12 +380,16 @@ def _forward(
     penalty_dtype: str,
     bug: int,
     save_checkpoints: bool = False,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], Checkpoints | None]:
+) -> tuple[
+    torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[Checkpoints, Chain] | None
+]:
     """Launch the kernels (module docstring); returns ``o`` (inputs' dtype), the float32
-    state and, with ``save_checkpoints``, the backward's checkpoints (:func:`_recurrent_adjoint`):
-    ``Sᵀ`` ``[B, H, nc, dk, dv]``, ``Aᵀ`` ``[B, H, nc + 1, dk, dk]``, ``z`` ``[B, H, nc + 1, dk]``
-    float32 before every :data:`_CHECKPOINT_EVERY` tokens and after the last,
-    ``nc = ⌈T / _CHECKPOINT_EVERY⌉``."""
+    state and, with ``save_checkpoints``, what the backward reads (:func:`_recurrent_adjoint`):
+    the checkpoints ``Sᵀ`` ``[B, H, nc, dk, dv]``, ``Aᵀ`` ``[B, H, nc + 1, dk, dk]``, ``z``
+    ``[B, H, nc + 1, dk]`` float32 before every :data:`_CHECKPOINT_EVERY` tokens and after the
+    last, ``nc = ⌈T / _CHECKPOINT_EVERY⌉``; and the chains' per-token values (:data:`Chain`),
+    float32 ``[B·H, T, ·]`` rows of the recurrent backward's key tile width (``k̂, α̂, s``) or
+    2 and 4 scalars, which the penalty and read-out kernels store as they form them."""
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     dev = q.device
@@ -451,6 +464,15 @@ def _forward(
     warps = 4 if BK <= 64 else 8
     nck = math.ceil(T / _CHECKPOINT_EVERY)
     cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
+    # The chains' per-token values for the backward, in the recurrent adjoint's layout (rows
+    # of its key tile BKS, which is narrower than BK below dk = 32).
+    BKS = fused._pow2(dk)
+    if save_checkpoints:
+        kh_s, sv_s = (torch.empty(BH, T, BKS, dtype=f32, device=dev) for _ in range(2))
+        sc_s = torch.empty(BH, T, 2, dtype=f32, device=dev)
+        cs_s = torch.empty(BH, T, 4, dtype=f32, device=dev)
+    else:
+        kh_s = sv_s = sc_s = cs_s = gates  # not written
 
     def penalty_chain(A_starts: torch.Tensor) -> torch.Tensor:
         # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding stays zero); on exit
@@ -458,11 +480,11 @@ def _forward(
         X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
         X[:, :, :dk, :dk] = A_starts.mT.to(pd)
         kernels.penalty_chain_kernel[(BH, NB)](
-            kp, up, X, W, gates, cka, params, T, H, start_mod, period, H * dk, dk,
-            DK=dk, CPB=block // CP, NCK=nck + 1, CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb,
-            CP=CP, TP=TP, PD=_tl_dtype(pd), NORMALIZE_GATE=config.normalize_gate,
-            SAVE_CKPT=save_checkpoints, ELIMINATE=PENALTY_ELIMINATION, BUG=bug,
-            num_warps=warps,
+            kp, up, X, W, gates, cka, kh_s, sv_s, cs_s, params, T, H, start_mod, period,
+            H * dk, dk, DK=dk, CPB=block // CP, NCK=nck + 1, CKE=_CHECKPOINT_EVERY, BK=BK,
+            BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd), NORMALIZE_GATE=config.normalize_gate,
+            SAVE_CKPT=save_checkpoints, SAVE_CHAIN=save_checkpoints, BKS=BKS,
+            ELIMINATE=PENALTY_ELIMINATION, BUG=bug, num_warps=warps,
         )  # fmt: skip
         return X
 
@@ -505,9 +527,10 @@ def _forward(
         z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
         z_out.copy_(z_pad[:, :dk] + sums.sum(1)[:, :dk])
         kernels.state_output_kernel[(NCk, BH, BV // bvb)](
-            q, k, gates, E_buf, S_chunks, z_chunks, o, params, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
-            NORMALIZE_OUTPUT=config.normalize_output, BUG=bug, num_warps=warps,
+            q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, T, H, H * dk, dk,
+            H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
+            NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=save_checkpoints, BUG=bug,
+            num_warps=warps,
         )  # fmt: skip
         return o, S_out, z_out, S_chunks, z_chunks
 
@@ -535,7 +558,10 @@ def _forward(
     every = _CHECKPOINT_EVERY // C
     cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).contiguous()
     ckz = torch.cat([z_chunks[:, ::every, :dk], z_out[:, None]], dim=1)
-    return o, state, (cks, cka.view(B, H, nck + 1, dk, dk), ckz.view(B, H, nck + 1, dk))
+    ck = (cks, cka.view(B, H, nck + 1, dk, dk), ckz.view(B, H, nck + 1, dk))
+    # α̂ from the gate buffer: a view where its rows are the backward's (T = TP, BK = BKS).
+    ah_s = gates[:, :T, :BKS].contiguous()
+    return o, state, (ck, (kh_s, ah_s, sc_s, sv_s, cs_s))
 
 
 def _tl_dtype(dtype: torch.dtype) -> Any:
@@ -559,12 +585,14 @@ def _recurrent_adjoint(
     start: int,
     cotangents: tuple[torch.Tensor | None, ...],
     ck: Checkpoints,
+    chain: Chain | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
     """``dq, dk, dv, du, dS_0, dA_0, dz_0`` by the recurrent kernels' adjoint (module
-    docstring, "Gradients") from the chunked forward's checkpoints ``ck`` (:func:`_forward`;
-    ``initial`` ``()``: the spec §2.3 defaults, then the state's gradients are ``None``).
-    Both backends hold the state in the spec §1 layouts, so the cotangents and gradients pass
-    through untransposed; ``None`` cotangents are zeros."""
+    docstring, "Gradients") from the chunked forward's checkpoints ``ck`` and per-token chain
+    values ``chain`` (:func:`_forward`; ``None``: the adjoint reruns the gate pass from the
+    checkpoints instead).  ``initial`` ``()``: the spec §2.3 defaults, then the state's
+    gradients are ``None``.  Both backends hold the state in the spec §1 layouts, so the
+    cotangents and gradients pass through untransposed; ``None`` cotangents are zeros."""
     B, T, H, dk = q.shape
     run = fused._Run(
         config=config,
@@ -583,7 +611,7 @@ def _recurrent_adjoint(
         torch.zeros(shape, dtype=dt, device=q.device) if g is None else g.to(dt).contiguous()
         for g, (shape, dt) in zip(cotangents, shapes, strict=True)
     )
-    dq, dk_, dv_, du, *d0 = fused._backward(q, k, v, u, ck, do, (dS, dA, dz), run)  # type: ignore[arg-type]
+    dq, dk_, dv_, du, *d0 = fused._backward(q, k, v, u, ck, do, (dS, dA, dz), run, chain)  # type: ignore[arg-type]
     if not initial:
         return dq, dk_, dv_, du, None, None, None
     # The state's gradients come in float32, the initial state in the inputs' dtype.
@@ -608,21 +636,22 @@ class ChunkedVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         initial = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[1:])
-        o, (S, A, z), ck = _forward(
+        o, (S, A, z), saved = _forward(
             q, k, v, u, initial_state=initial, save_checkpoints=save, **options
         )
         ctx.options = options
         if save:
-            assert ck is not None
-            ctx.save_for_backward(q, k, v, u, *ck, *(initial or ()))
+            assert saved is not None
+            ck, chain = saved
+            ctx.save_for_backward(q, k, v, u, *ck, *chain, *(initial or ()))
         return o, S, A, z
 
     @staticmethod
     def backward(ctx: Any, do: Any, dS: Any, dA: Any, dz: Any) -> Any:  # type: ignore[override]
-        q, k, v, u, cks, cka, ckz, *initial = ctx.saved_tensors
+        q, k, v, u, cks, cka, ckz, kh, ah, sc, sv, cs, *initial = ctx.saved_tensors
         grads = _recurrent_adjoint(
             q, k, v, u, tuple(initial), ctx.options["config"], ctx.options["start"],
-            (do, dS, dA, dz), (cks, cka, ckz),
+            (do, dS, dA, dz), (cks, cka, ckz), (kh, ah, sc, sv, cs),
         )  # fmt: skip
         return (None, *grads)
 

@@ -27,7 +27,9 @@ The launches, in this order:
    ``α̂ = α / max(‖α‖, norm_eps)`` are written in float32.  The chain's precision ``PD`` is
    float64 or float32 (``penalty_dtype``; its error is measured, ``docs/design/triton_chunked.md``).
    ``X`` is read and written in row blocks of ``BKB`` rows (a ``dk × dk`` float64 tile does not
-   fit in registers at ``dk = 128``).
+   fit in registers at ``dk = 128``).  In training (``SAVE_CKPT``, ``SAVE_CHAIN``) it also
+   stores ``A`` every 64 tokens and, per token, ``k̂``, ``s_t`` (the rows of ``W``), the pivots
+   before and after the clamp and ``‖α‖``, ``‖k‖``: what the recurrent backward reads.
 2. :func:`state_prep_kernel` — per chunk of ``C`` tokens, all chunks in parallel: the UT
    transform ``T = (I + N)^{-1}``, ``N = tril(K̂ Âᵀ, −1)``, by 16-row blocks (each diagonal
    block by forward substitution, the blocks below it by products), then ``K̃ = T K̂`` and
@@ -37,7 +39,8 @@ The launches, in this order:
    ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``.
 4. :func:`state_output_kernel` — every chunk's read-out at once:
    ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the read-out normaliser from
-   ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``.  Keeping the read-out out of the sequential loop
+   ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s`` (in training also ``α̂_tᵀq_t`` and ``z_tᵀq_t`` per
+   token for the backward).  Keeping the read-out out of the sequential loop
    leaves that loop two products a chunk instead of five (as fla's ``chunk_fwd_h`` and
    ``chunk_fwd_o`` split the delta rule).
 
@@ -68,6 +71,11 @@ BUG_UT_BLOCK_TERM = 6
 #: In the penalty chain's elimination (``ELIMINATE``): each step subtracts row ``j`` of ``Y`` as
 #: loaded, not as solved (``W = Y − stril(L) Y`` instead of ``L^{-1} Y``).
 BUG_ELIMINATION_UNSOLVED_ROW = 7
+#: In the per-token values kept for the backward (``SAVE_CHAIN``): ``s_t / δ_t`` stored as
+#: ``s_t``.
+BUG_SAVED_S_OVER_PIVOT = 8
+#: The same: the read-out normaliser's ``z_tᵀq_t`` stored as ``z_{t-1}ᵀq_t``.
+BUG_SAVED_NORMALISER_BEFORE_KEY = 9
 
 
 @triton.jit
@@ -89,18 +97,21 @@ def unit_lower_inverse(N, rows, cols, C: tl.constexpr):
 def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
     """``M = L D Lᵀ`` of a ``[C, C]`` tile, reading its lower triangle only, every pivot
     clamped ``d_j = max(d_j, floor)`` (the floored Sherman–Morrison denominators of spec §2.3).
-    Right-looking; returns ``(L, d)``."""
+    Right-looking; returns ``(L, d, d_raw)``, ``d_raw`` the pivots before the clamp."""
     Lm = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(M.dtype)
     d = tl.full([C], 1.0, M.dtype)
+    d_raw = tl.full([C], 1.0, M.dtype)
     for j in range(C):
         col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
-        piv = tl.maximum(tl.sum(tl.where(rows == j, col, 0.0), axis=0), floor)
+        raw = tl.sum(tl.where(rows == j, col, 0.0), axis=0)
+        piv = tl.maximum(raw, floor)
         lcol = tl.where(rows > j, col / piv, 0.0)
         Lm = tl.where((cols[None, :] == j) & (rows[:, None] > j), lcol[:, None], Lm)
         d = tl.where(rows == j, piv, d)
+        d_raw = tl.where(rows == j, raw, d_raw)
         # Trailing update of the lower part: M -= piv · l lᵀ (rows and columns > j).
         M = M - piv * (lcol[:, None] * lcol[None, :])
-    return Lm, d
+    return Lm, d, d_raw
 
 
 @triton.jit
@@ -110,8 +121,10 @@ def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constex
     ``j`` subtracts ``L_rj`` times the already solved row ``j`` of ``Y`` from every row
     ``r > j``.  One pass of ``C`` steps (two dependent reductions each: the column, then its
     pivot) instead of the factorisation's ``C`` and the inverse's ``C − 1``, and no product
-    ``L^{-1} Y`` after them; the same multiply-adds."""
+    ``L^{-1} Y`` after them; the same multiply-adds.  Returns ``(W, d, d_raw)``, ``d_raw`` the
+    pivots before the clamp."""
     d = tl.full([C], 1.0, M.dtype)
+    d_raw = tl.full([C], 1.0, M.dtype)
     Y0 = Y
     for j in range(C):
         col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
@@ -119,12 +132,14 @@ def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constex
             yj = tl.sum(tl.where(rows[:, None] == j, Y0, 0.0), axis=0)
         else:
             yj = tl.sum(tl.where(rows[:, None] == j, Y, 0.0), axis=0)  # row j of Y, solved
-        piv = tl.maximum(tl.sum(tl.where(rows == j, col, 0.0), axis=0), floor)
+        raw = tl.sum(tl.where(rows == j, col, 0.0), axis=0)
+        piv = tl.maximum(raw, floor)
         lcol = tl.where(rows > j, col / piv, 0.0)
         d = tl.where(rows == j, piv, d)
+        d_raw = tl.where(rows == j, raw, d_raw)
         M = M - piv * (lcol[:, None] * lcol[None, :])
         Y = Y - lcol[:, None] * yj[None, :]
-    return Y, d
+    return Y, d, d_raw
 
 
 @triton.jit
@@ -135,6 +150,9 @@ def penalty_chain_kernel(
     w_ptr,  # [BH, NB, CP, BK] scratch for W D^{-1} (PD)
     gate_ptr,  # [BH, TP, BK] float32 out: the normalised gates α̂
     cka_ptr,  # [BH, NCK, DK, DK] float32 out: Aᵀ after every CKE tokens (slot t / CKE)
+    kh_ptr,  # [BH, T, BKS] float32 out (SAVE_CHAIN): k̂_t
+    sv_ptr,  # [BH, T, BKS] float32 out (SAVE_CHAIN): s_t = A_{t-1} u_t
+    cs_ptr,  # [BH, T, 4] float32 out (SAVE_CHAIN): 1 + u_tᵀs_t, δ_t, ‖α_t‖, ‖k_t‖
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
     T,
     H,
@@ -153,6 +171,8 @@ def penalty_chain_kernel(
     PD: tl.constexpr,
     NORMALIZE_GATE: tl.constexpr,
     SAVE_CKPT: tl.constexpr,
+    SAVE_CHAIN: tl.constexpr,
+    BKS: tl.constexpr,  # the row width of kh, sv (the recurrent backward's key tile, <= BK)
     ELIMINATE: tl.constexpr,
     BUG: tl.constexpr,
 ):
@@ -181,8 +201,18 @@ def penalty_chain_kernel(
         ptrs = base + tok[:, None] * s_t + ok[None, :]
         U = tl.load(u_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
         K = tl.load(k_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
-        rk = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(K * K, axis=1)), norm_eps)
+        knorm = tl.sqrt_rn(tl.sum(K * K, axis=1))
+        rk = 1.0 / tl.maximum(knorm, norm_eps)
         Kh = K * rk[:, None]
+        if SAVE_CHAIN:
+            # The backward's per-token values (the recurrent gate pass's, which the recurrent
+            # adjoint would otherwise recompute from the checkpoints), rows of [BH, T, ·], each
+            # stored as soon as it is formed (shorter live ranges: less spilled at BK = 128).
+            row = bh.to(tl.int64) * T + tok
+            ms = tmask[:, None] & (ok[None, :] < BKS)
+            sp = row[:, None] * BKS + ok[None, :]
+            tl.store(kh_ptr + sp, Kh, mask=ms)
+            tl.store(cs_ptr + row * 4 + 3, knorm, mask=tmask)
         U = U.to(PD)
         Kh_p = Kh.to(PD)
         # Y = U X, KA = K̂ X, over row blocks of X (the chunk-start Aᵀ).
@@ -209,21 +239,31 @@ def penalty_chain_kernel(
         G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
         if ELIMINATE:
-            W, d = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
+            W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
         else:
-            Lm, d = _ldl_clamped(eye + G, ot, ot, floor, CP)
+            Lm, d, d_raw = _ldl_clamped(eye + G, ot, ot, floor, CP)
             Linv = unit_lower_inverse(Lm - eye, ot, ot, CP)
             W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
+        if SAVE_CHAIN:
+            if BUG == 8:  # BUG_SAVED_S_OVER_PIVOT (a jit function reads literals only)
+                tl.store(sv_ptr + sp, (W / d[:, None]).to(tl.float32), mask=ms)
+            else:
+                tl.store(sv_ptr + sp, W.to(tl.float32), mask=ms)
+            tl.store(cs_ptr + row * 4, d_raw.to(tl.float32), mask=tmask)
+            tl.store(cs_ptr + row * 4 + 1, d.to(tl.float32), mask=tmask)
         Ws = W / d[:, None]
         Xm = tl.where(tril, tl.dot(Kh_p, tl.trans(Ws), input_precision="ieee", out_dtype=PD), 0.0)
         alpha = KA - tl.dot(Xm, W, input_precision="ieee", out_dtype=PD)
         alpha = alpha + c_after[:, None] * Kh_p
         alpha = alpha.to(tl.float32)
+        anorm = tl.sqrt_rn(tl.sum(alpha * alpha, axis=1))
         if NORMALIZE_GATE:
-            ra = 1.0 / tl.maximum(tl.sqrt_rn(tl.sum(alpha * alpha, axis=1)), norm_eps)
+            ra = 1.0 / tl.maximum(anorm, norm_eps)
             alpha = alpha * ra[:, None]
         gp = gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :]
         tl.store(gp, alpha, mask=tmask[:, None])
+        if SAVE_CHAIN:
+            tl.store(cs_ptr + row * 4 + 2, anorm, mask=tmask)
         # X ← X − (W D^{-1})ᵀ W + c_C·I, row block by row block (W D^{-1} read back by columns).
         c_end = tl.sum(tl.where(ot == CP - 1, c_after, 0.0), axis=0)
         tl.store(wb + ot[:, None] * BK + ok[None, :], Ws)
@@ -515,6 +555,7 @@ def state_output_kernel(
     s_chunks_ptr,  # [BH, NC, BV, BK] float32
     z_chunks_ptr,  # [BH, NC, BK] float32: z at each chunk's start
     o_ptr,  # [B, T, H, DV] out, the inputs' dtype
+    sc_ptr,  # [BH, T, 2] float32 out (SAVE_CHAIN): α̂_tᵀq_t, z_tᵀq_t
     params_ptr,
     T,
     H,
@@ -531,10 +572,14 @@ def state_output_kernel(
     TP,
     PREC: tl.constexpr,
     NORMALIZE_OUTPUT: tl.constexpr,
+    SAVE_CHAIN: tl.constexpr,
     BUG: tl.constexpr,
 ):
     """The parallel half: every chunk at once, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the
-    read-out normaliser from ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``."""
+    read-out normaliser from ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``.  With ``SAVE_CHAIN``
+    the first value block's programs also store, per token, ``α̂_tᵀq_t`` and ``z_tᵀq_t`` (before
+    the floor ``out_eps``) for the backward, as float32 row sums (not the diagonal of the
+    ``PREC`` product ``Q Âᵀ``)."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     pv = tl.program_id(2)
@@ -562,11 +607,19 @@ def state_output_kernel(
     P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
     O = tl.dot(Q, tl.trans(S), input_precision=PREC)
     O += tl.dot(P, E, input_precision=PREC)
-    if NORMALIZE_OUTPUT:
+    if NORMALIZE_OUTPUT or SAVE_CHAIN:
         Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
         z = tl.load(z_chunks_ptr + (bh * NC + c) * BK + ok)
         Z = z[None, :] + tl.cumsum(Kr, axis=0)
-        den = tl.maximum(tl.sum(Z * Q, axis=1), out_eps)
-        O = O / den[:, None]
+        zq = tl.sum(Z * Q, axis=1)
+        if NORMALIZE_OUTPUT:
+            O = O / tl.maximum(zq, out_eps)[:, None]
+        if SAVE_CHAIN:
+            if pv == 0:
+                if BUG == 9:  # BUG_SAVED_NORMALISER_BEFORE_KEY (jit functions read literals)
+                    zq = tl.sum((Z - Kr) * Q, axis=1)
+                sp = sc_ptr + (bh.to(tl.int64) * T + tok) * 2
+                tl.store(sp, tl.sum(Q * Ag, axis=1), mask=tmask)
+                tl.store(sp + 1, zq, mask=tmask)
     op = o_ptr + b * T * so_t + h * so_h + tok[:, None] * so_t + ov[None, :]
     tl.store(op, O.to(o_ptr.dtype.element_ty), mask=tmask[:, None] & vmask[None, :])

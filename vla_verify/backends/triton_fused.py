@@ -575,7 +575,9 @@ class _Adjoint:
 
     ``q, k, v, u, do`` ``[B, T, H, ·]``; the checkpoints ``cks`` (``Sᵀ`` ``[B, H, nc, dk, dv]``),
     ``cka`` (``Aᵀ`` ``[B, H, nc + 1, dk, dk]``), ``ckz`` ``[B, H, nc + 1, dk]``; the gradients
-    ``dq, dk, dv, du`` are written span by span."""
+    ``dq, dk, dv, du`` are written span by span.  ``chain``: the forward's per-token gate
+    values ``(k̂, α̂, sc, s, cs)`` ``[B·H, T, ·]`` (those :func:`_rerun` writes per span), or
+    ``None``: each span reruns the gate pass."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -593,6 +595,7 @@ class _Adjoint:
     params: torch.Tensor
     period: int
     start: int
+    chain: tuple[torch.Tensor, ...] | None = None
 
 
 def _rerun(
@@ -910,7 +913,8 @@ def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _
 
 
 def _span_rerun(adj: _Adjoint, t_begin: int, n: int) -> tuple[torch.Tensor, ...]:
-    """The gate rerun (:func:`_rerun`) over ``t_begin ≤ t < t_begin + n`` for a one-pass span.
+    """The gate values (:func:`_rerun`'s) over ``t_begin ≤ t < t_begin + n`` for a one-pass
+    span: the forward's, where it kept them (``adj.chain``), else a rerun of the gate pass.
 
     Through the span from its checkpoint, one program per (b, h); with ``plan.parallel_rerun``,
     from every checkpoint of the span side by side instead: the span folded into pieces of one
@@ -918,6 +922,9 @@ def _span_rerun(adj: _Adjoint, t_begin: int, n: int) -> tuple[torch.Tensor, ...]
     its offset, and the rest of the span after the last whole piece through it.  Each piece
     starts from the forward's own ``A`` and ``z`` at its checkpoint, so the rerun follows the
     forward's trajectory at least as closely as one started at the span's beginning."""
+    if adj.chain is not None:
+        # Copies only where the span is part of the sequence (the kernels read [B·H, n, ·]).
+        return tuple(x[:, t_begin : t_begin + n].contiguous() for x in adj.chain)
     xs = (adj.q, adj.k, adj.u)
     every = adj.run.checkpoint_every
     c = t_begin // every
@@ -1043,8 +1050,16 @@ def _blocked_span(
     cka = adj.cka[:, :, slots].transpose(1, 2).contiguous()  # [B, blocks, H, per + 1, dk, dk]
     ckz = adj.ckz[:, :, slots].transpose(1, 2).contiguous()
     start = (adj.start + t_begin) % adj.period if adj.period != _NEVER else 0
-    chain = _rerun(adj, xs, cka[:, :, :, 0].reshape(Bp, H, dk, dk).contiguous(),
-                   ckz[:, :, :, 0].reshape(Bp, H, dk).contiguous(), 0, L, start)  # fmt: skip
+    if adj.chain is not None:  # [B·H, T, c] -> [B·blocks·H, L, c]
+        chain = tuple(
+            x.view(B, H, -1, x.shape[-1])[:, :, t_begin : t_begin + n]
+            .reshape(B, H, blocks, L, x.shape[-1]).transpose(1, 2)
+            .reshape(Bp * H, L, x.shape[-1]).contiguous()
+            for x in adj.chain
+        )  # fmt: skip
+    else:
+        chain = _rerun(adj, xs, cka[:, :, :, 0].reshape(Bp, H, dk, dk).contiguous(),
+                       ckz[:, :, :, 0].reshape(Bp, H, dk).contiguous(), 0, L, start)  # fmt: skip
     kh, ah, sc, sv, cs = chain
     if not bool((cs[..., 0] > run.config.sm_floor).all()):
         return None
@@ -1121,12 +1136,16 @@ def _backward(
     do: torch.Tensor,
     final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     run: _Run,
+    chain: tuple[torch.Tensor, ...] | None = None,
 ) -> _Grads:
     """The adjoint of spec §2.3, span by span from the end (:func:`_spans`), ``dS, dA, dz``
     carried between spans.  A span in one pass (:func:`_sequential_span`) is three kernels:
 
     1. :func:`kernels.vla_gate_kernel` reruns the gate pass from the span's ``(A, z)``
-       checkpoint, for the span's ``k̂, α̂, s`` and scalars;
+       checkpoint, for the span's ``k̂, α̂, s`` and scalars — unless the forward kept them
+       (``chain``: ``k̂, α̂`` ``[B·H, T, BK]``, ``(α̂ᵀq, z_tᵀq)`` ``[B·H, T, 2]``, ``s``
+       ``[B·H, T, BK]``, ``(1 + uᵀs, δ, ‖α‖, ‖k‖)`` ``[B·H, T, 4]``, in the accumulation
+       dtype, ``BK`` the key tile, zero past ``dk``: the chunked backend's forward);
     2. :func:`kernels.vla_state_bwd_kernel`, one program per (b, h) and value block: the state
        adjoint, with per-block partial sums of the vectors the penalty half needs;
     3. :func:`kernels.vla_gate_bwd_kernel`, one program per (b, h): the penalty adjoint from the
@@ -1153,7 +1172,7 @@ def _backward(
     adj = _Adjoint(
         q=q, k=k, v=v, u=u, do=do, cks=cks, cka=cka, ckz=ckz, dq=torch.empty_like(q),
         dk=torch.empty_like(k), dv=torch.empty_like(v), du=torch.empty_like(u), run=run,
-        params=_params(config, acc, q.device), period=period, start=start,
+        params=_params(config, acc, q.device), period=period, start=start, chain=chain,
     )  # fmt: skip
     unit = every if period == _NEVER else every * period // math.gcd(every, period)
     # dSᵀ, dAᵀ: the kernels' memory layout, like the checkpoints (cks holds Sᵀ [dk, dv]).
