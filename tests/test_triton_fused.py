@@ -867,6 +867,29 @@ def test_adjoint_from_the_forwards_chain_values(
     assert _blocked_mismatch(blocks) != []
 
 
+@pytest.mark.parametrize("segments", [1, 3])
+def test_forward_keeps_the_gate_values(segments: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``keep_gate_values``: the streamed forward stores each token's Sherman–Morrison values
+    beside the gates and the backward reads them (no gate rerun; gradients the rerunning
+    adjoint's to float64 rounding).  A forward in several segments keeps none and reruns."""
+    tf = _fused()
+    reruns = []
+    real = tf._rerun
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        reruns.append(a[5])
+        return real(*a, **kw)
+
+    if segments > 1:  # 2·16 + 2 floats per token and head, B·H = 2: segments of 32 tokens
+        monkeypatch.setattr(tf, "_FORWARD_FLOATS", 2 * 34 * 32)
+    monkeypatch.setattr(tf, "_rerun", counted)
+    kept = _blocked_grads(1, NUDGE4, keep_gate_values=True)
+    assert (reruns != []) == (segments > 1)
+    one = _one_pass_grads(NUDGE4, 77)
+    for a, b in zip(one, kept, strict=True):
+        assert float((a - b).abs().max()) <= 1e-12 * (1 + float(a.abs().max()))
+
+
 def test_blocked_adjoint_falls_back_where_a_denominator_is_floored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -752,7 +752,7 @@ def chain_variants(out: dict[str, Any]) -> None:
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint nine ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    """The backward's adjoint twelve ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``),
@@ -761,9 +761,11 @@ def adjoint(out: dict[str, Any]) -> None:
     (``one_pass_pieces``) and in 8 blocks (``blocked_pieces``), and the gate rerun from every
     checkpoint side by side (``parallel_rerun``) in one pass with the per-token adjoints
     (``one_pass_rerun``), with the chunked ones (``one_pass_pieces_rerun``) and with the state
-    adjoint in chunks only (``one_pass_state_rerun``).  The chunked backend's backward reads the
-    chain values its forward kept; ``vla_triton_chunked_rerun`` times it rerunning the gate pass
-    instead, beside it.
+    adjoint in chunks only (``one_pass_state_rerun``), and the forward keeping its gate values
+    for the backward (``keep_gate_values``, no rerun: ``one_pass_pieces_kept``,
+    ``one_pass_state_kept``, ``one_pass_kept``; the recurrent backend's forward only).  The
+    chunked backend's backward reads the chain values its forward kept;
+    ``vla_triton_chunked_rerun`` times it rerunning the gate pass instead, beside it.
 
     Correctness first: float32 gradients of the recurrent backend in each mode against its
     float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
@@ -798,8 +800,13 @@ def adjoint(out: dict[str, Any]) -> None:
         "one_pass_pieces_rerun": {"adjoint_blocks": 1, **chunked, "parallel_rerun": True},
         "one_pass_state_rerun": {"adjoint_blocks": 1, **per_token, "chunked_state_adjoint": True,
                                  "parallel_rerun": True},
+        "one_pass_pieces_kept": {"adjoint_blocks": 1, **chunked, "keep_gate_values": True},
+        "one_pass_state_kept": {"adjoint_blocks": 1, **per_token, "chunked_state_adjoint": True,
+                                "keep_gate_values": True},
+        "one_pass_kept": {"adjoint_blocks": 1, **per_token, "keep_gate_values": True},
     }  # fmt: skip
-    modes = {name: {"parallel_rerun": False, **options} for name, options in modes.items()
+    modes = {name: {"parallel_rerun": False, "keep_gate_values": False, **options}
+             for name, options in modes.items()
              if name == "one_pass" or name in RUN.get("adjoint_modes", modes)}  # fmt: skip
 
     def mode(name: str) -> Any:

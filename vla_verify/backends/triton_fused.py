@@ -162,7 +162,11 @@ class RecurrentPlan:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
-    side instead of through the span: :func:`_span_rerun`).
+    side instead of through the span: :func:`_span_rerun`), ``keep_gate_values`` (in
+    training the forward's gate program also stores each token's Sherman–Morrison values, and
+    the backward reads them with the gates instead of rerunning the gate pass: ``(2·BK + 6)``
+    floats per token and head more until the backward; a forward in more than one segment
+    reruns).
 
     Every choice gives the spec §2.3 step (the split sums and ``nudge_scalar`` up to rounding);
     the measured table of :func:`plan_for` picks the fastest.
@@ -182,6 +186,7 @@ class RecurrentPlan:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
+    keep_gate_values: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
@@ -203,7 +208,7 @@ class RecurrentPlan:
                 )
         for name in (
             "nudge_scalar", "period_loop", "load_plain", "nudge_branch", "chunked_state_adjoint",
-            "chunked_penalty_adjoint", "parallel_rerun",
+            "chunked_penalty_adjoint", "parallel_rerun", "keep_gate_values",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise UnsupportedConfigurationError(
@@ -243,6 +248,8 @@ class _Measured:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     parallel_rerun: bool = False
+    # Not timed at any width: the gate program's extra stores against the rerun they save.
+    keep_gate_values: bool = False
 
 
 #: The row of key tiles narrower than 64 (not timed): BK = 64's, without the period loop.
@@ -425,6 +432,7 @@ def plan_for(
         chunked_state_adjoint=training and row.chunked_state_adjoint and _on_gpu(device),
         chunked_penalty_adjoint=training and row.chunked_penalty_adjoint and _on_gpu(device),
         parallel_rerun=training and row.parallel_rerun and _on_gpu(device),
+        keep_gate_values=training and row.keep_gate_values,
     )
 
 
@@ -500,12 +508,18 @@ def _forward(
     run: _Run,
     save_checkpoints: bool,
     state_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+) -> tuple[
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+    tuple[torch.Tensor, ...] | None,
+    tuple[torch.Tensor, ...] | None,
+]:
     """The forward: one streamed launch per segment (one segment unless the per-token gate
     buffers would pass :data:`_FORWARD_FLOATS`).  Returns ``o``, the final ``(S, A, z)`` (views
     of the kernels' transposed buffers, in ``state_dtype``, default the accumulation dtype:
-    the last launch rounds them as it stores them, no cast kernels after it) and the
-    checkpoints."""
+    the last launch rounds them as it stores them, no cast kernels after it), the checkpoints
+    and, with ``save_checkpoints`` and ``plan.keep_gate_values`` in one segment, the per-token
+    gate values for the backward (``chain`` of :func:`_backward`; else ``None``)."""
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     acc, acc_tl = _acc(q.dtype)
@@ -533,6 +547,8 @@ def _forward(
     seg = max(1, _FORWARD_FLOATS // (BH * (2 * bk + 2)))
     seg = T if seg >= T else max(every, seg // every * every)
     nudge = _nudge(plan, forward=True)
+    keep = save_checkpoints and plan.keep_gate_values and seg >= T
+    chain = None
     for t_begin in range(0, T, seg):
         n = min(seg, T - t_begin)
         has_init = state0 is not None or t_begin > 0
@@ -544,16 +560,24 @@ def _forward(
             s_in, a_in, z_in = s_out, a_out, z_out  # unread
         cks, cka, ckz = ck if ck is not None else (s_out, a_out, z_out)  # unused without
         gates = torch.empty(BH * n * (2 * bk + 2), dtype=acc, device=dev)
+        sv = cs = gates  # not written without keep
+        if keep:
+            sv = torch.empty(BH, n, bk, dtype=acc, device=dev)
+            cs = torch.empty(BH, n, 4, dtype=acc, device=dev)
+            chain = (gates[: BH * n * bk].view(BH, n, bk),
+                     gates[BH * n * bk : 2 * BH * n * bk].view(BH, n, bk),
+                     gates[2 * BH * n * bk :].view(BH, n, 2), sv, cs)  # fmt: skip
         # [0]: the ticket that assigns roles; [1:]: tokens done per (b, h); both start at 0
         counters = torch.zeros(1 + BH, dtype=torch.int32, device=dev)
         kernels.vla_stream_kernel[(BH * (1 + nv),)](
             q_ptr=q, k_ptr=k, v_ptr=v, u_ptr=u, o_ptr=o,
             kh_ptr=gates[: BH * n * bk], ah_ptr=gates[BH * n * bk : 2 * BH * n * bk],
-            sc_ptr=gates[2 * BH * n * bk :], a0_ptr=a_in, z0_ptr=z_in, s0_ptr=s_in,
+            sc_ptr=gates[2 * BH * n * bk :], sv_ptr=sv, cs_ptr=cs, a0_ptr=a_in, z0_ptr=z_in,
+            s0_ptr=s_in,
             aT_ptr=a_out, zT_ptr=z_out, sT_ptr=s_out, cka_ptr=cka, ckz_ptr=ckz, cks_ptr=cks,
             p_ptr=params, counters_ptr=counters, T=T, H=H, DK=dk, DV=dv, nudge_period=period,
             start=start, CK=every, NC=nc, t_begin=t_begin, n_steps=n, a_stride=dk, BH=BH, NV=nv,
-            BK=bk, BV=bv, HAS_INIT=has_init, SAVE_CKPT=save_checkpoints,
+            BK=bk, BV=bv, HAS_INIT=has_init, SAVE_CKPT=save_checkpoints, SAVE_CHAIN=keep,
             NORM_GATE=config.normalize_gate, NORM_OUT=config.normalize_output, ACC=acc_tl,
             BUG=int(run.bug), DOWNDATE=int(run.downdate),
             SPLIT=_split(plan, bk, loads_tile=has_init), NUDGE=int(nudge),
@@ -562,7 +586,7 @@ def _forward(
         )  # fmt: skip
         s_in, a_in, z_in = s_out, a_out, z_out
     # The final S and A as transposed views of the kernels' buffers, not copies.
-    return o, (s_in.mT, a_in.mT, z_in), ck
+    return o, (s_in.mT, a_in.mT, z_in), ck, chain
 
 
 _Grads = tuple[torch.Tensor, ...]
@@ -1209,10 +1233,10 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         state0 = None if S0 is None else (S0, A0, z0)
         save = any(ctx.needs_input_grad[:7])
-        o, (sT, aT, zT), ck = _forward(q, k, v, u, state0, run, save, run.state_dtype)  # type: ignore[arg-type]
+        o, (sT, aT, zT), ck, chain = _forward(q, k, v, u, state0, run, save, run.state_dtype)  # type: ignore[arg-type]
         if save:
             assert ck is not None
-            ctx.save_for_backward(q, k, v, u, *ck)
+            ctx.save_for_backward(q, k, v, u, *ck, *(chain or ()))
             ctx.run = run
             ctx.state_dtypes = None if S0 is None else (S0.dtype, A0.dtype, z0.dtype)  # type: ignore[union-attr]
         return o, sT, aT, zT
@@ -1225,11 +1249,11 @@ class FusedRecurrentVLAFunction(torch.autograd.Function):
         daT: torch.Tensor,
         dzT: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, u, cks, cka, ckz = ctx.saved_tensors
+        q, k, v, u, cks, cka, ckz, *chain = ctx.saved_tensors
         acc = _acc(q.dtype)[0]
         final = (dsT.to(acc).contiguous(), daT.to(acc).contiguous(), dzT.to(acc).contiguous())
         dq, dk_, dv_, du, ds0, da0, dz0 = _backward(
-            q, k, v, u, (cks, cka, ckz), do.contiguous(), final, ctx.run
+            q, k, v, u, (cks, cka, ckz), do.contiguous(), final, ctx.run, tuple(chain) or None
         )
         grads_state: tuple[torch.Tensor | None, ...] = (None, None, None)
         if ctx.state_dtypes is not None:
@@ -1314,7 +1338,7 @@ def _apply(
         S0, A0, z0 = (x.contiguous() for x in state)
     if not training:  # no autograd record, no checkpoints
         state0 = (S0, A0, z0) if state else None
-        o, final, _ = _forward(q, k, v, u, state0, run, False, run.state_dtype)  # type: ignore[arg-type]
+        o, final, _, _ = _forward(q, k, v, u, state0, run, False, run.state_dtype)  # type: ignore[arg-type]
         return o, final  # type: ignore[return-value]
     o, sT, aT, zT = FusedRecurrentVLAFunction.apply(q, k, v, u, S0, A0, z0, run)
     return o, (sT, aT, zT)

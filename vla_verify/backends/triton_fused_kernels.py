@@ -654,13 +654,14 @@ def _state_pass(
 
 @triton.jit(do_not_specialize=["a_stride", "start"])
 def vla_stream_kernel(
-    q_ptr, k_ptr, v_ptr, u_ptr, o_ptr, kh_ptr, ah_ptr, sc_ptr, a0_ptr, z0_ptr, s0_ptr, aT_ptr,
-    zT_ptr, sT_ptr, cka_ptr, ckz_ptr, cks_ptr, p_ptr, counters_ptr, T, H, DK, DV, nudge_period,
-    start, CK, NC, t_begin, n_steps, a_stride, BH, NV,
+    q_ptr, k_ptr, v_ptr, u_ptr, o_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, a0_ptr, z0_ptr,
+    s0_ptr, aT_ptr, zT_ptr, sT_ptr, cka_ptr, ckz_ptr, cks_ptr, p_ptr, counters_ptr, T, H, DK, DV,
+    nudge_period, start, CK, NC, t_begin, n_steps, a_stride, BH, NV,
     BK: tl.constexpr, BV: tl.constexpr, HAS_INIT: tl.constexpr, SAVE_CKPT: tl.constexpr,
-    NORM_GATE: tl.constexpr, NORM_OUT: tl.constexpr, ACC: tl.constexpr, BUG: tl.constexpr,
-    DOWNDATE: tl.constexpr, SPLIT: tl.constexpr, NUDGE: tl.constexpr, LOAD_PLAIN: tl.constexpr,
-    PERIOD_LOOP: tl.constexpr, BLOCK_T: tl.constexpr,
+    SAVE_CHAIN: tl.constexpr, NORM_GATE: tl.constexpr, NORM_OUT: tl.constexpr,
+    ACC: tl.constexpr, BUG: tl.constexpr, DOWNDATE: tl.constexpr, SPLIT: tl.constexpr,
+    NUDGE: tl.constexpr, LOAD_PLAIN: tl.constexpr, PERIOD_LOOP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """The forward of spec §2.3 over tokens ``t_begin ≤ t < t_begin + n_steps`` in ONE launch,
     its two passes side by side: grid ``(B·H·(1 + NV),)``, ``B·H`` gate programs
@@ -671,7 +672,10 @@ def vla_stream_kernel(
     ``o`` ``[B, T, H, DV]`` (input dtype); the per-token gates ``kh, ah`` ``[B·H, n_steps, BK]``
     and ``sc`` ``[B·H, n_steps, 2]`` (``ACC``); states ``Aᵀ [B, H, DK, DK]``, ``z [B, H, DK]``,
     ``Sᵀ [B, H, DK, DV]`` in ``ACC``, the initial ones read with ``HAS_INIT``; checkpoints
-    (``SAVE_CKPT``) ``cka, ckz`` ``[B, H, NC + 1, ...]`` and ``cks`` ``[B, H, NC, DK, DV]``.
+    (``SAVE_CKPT``) ``cka, ckz`` ``[B, H, NC + 1, ...]`` and ``cks`` ``[B, H, NC, DK, DV]``;
+    with ``SAVE_CHAIN`` also the Sherman–Morrison chain ``s`` ``[B·H, n_steps, BK]`` and
+    ``(1 + uᵀs, δ, ‖α‖, ‖k‖)`` ``[B·H, n_steps, 4]`` (as :func:`vla_gate_kernel` writes them),
+    so that the backward needs no rerun of the gate pass.
 
     Roles go by a ticket (``counters_ptr[0]``, int32, zero at launch) taken when a program
     starts, not by its program id: the first ``B·H`` programs to start are the gate programs,
@@ -685,10 +689,11 @@ def vla_stream_kernel(
     progress_ptr = counters_ptr + 1
     if role < BH:
         _gate_pass(
-            role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, kh_ptr, sc_ptr,
+            role.to(tl.int64), q_ptr, k_ptr, u_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr,
             a0_ptr, z0_ptr, aT_ptr, zT_ptr, cka_ptr, ckz_ptr, p_ptr, progress_ptr, T, H, DK,
             nudge_period, start, CK, NC, t_begin, n_steps, a_stride, BK, HAS_INIT, SAVE_CKPT,
-            False, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE, LOAD_PLAIN, PERIOD_LOOP, BLOCK_T,
+            SAVE_CHAIN, NORM_GATE, ACC, BUG, DOWNDATE, SPLIT, NUDGE, LOAD_PLAIN, PERIOD_LOOP,
+            BLOCK_T,
         )  # fmt: skip
     else:
         r = role - BH
