@@ -51,6 +51,9 @@ RUN: dict[str, Any] = {
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
     "long_variant_blocks": (None, 512, 1024, 2048, 4096),
+    # Penalty-chain blocks at short lengths (--block-variants).
+    "block_variant_Ts": (1024, 4096),
+    "block_variant_blocks": (None, 128, 256, 512),
     # The longest forward + backward of the chunked kernel timed (its backward is the
     # recurrent kernel's adjoint from the chunked forward's checkpoints).
     "fwdbwd_chunked_max_T": 65536,
@@ -77,6 +80,8 @@ SMOKE = {
     "variant_blocks": (None, 32),
     "long_variant_T": 64,
     "long_variant_blocks": (16,),
+    "block_variant_Ts": (64,),
+    "block_variant_blocks": (None, 16, 32),
     "fwdbwd_chunked_max_T": 64,
     "overhead_T": 64,
     "adjoint_check": (16, 70),
@@ -751,6 +756,68 @@ def chain_variants(out: dict[str, Any]) -> None:
             torch.cuda.empty_cache()
 
 
+def block_variants(out: dict[str, Any]) -> None:
+    """Penalty-chain blocks at the short lengths (``block_variant_Ts``), where the default
+    (:func:`~vla_verify.backends.triton_chunked.penalty_block_length`, measured at T = 16384
+    and 65536) runs one block of 1024 or 2048 tokens: the forward's median with each of
+    ``block_variant_blocks`` (``None``: the default), B = 1, H = grid_H, bf16, paper preset, at
+    each of ``variant_Ds``; each variant's ``o`` against the default's first (relative max
+    difference, the float32 gates' rounding), and the kernel breakdown of the default and the
+    shortest blocks at each size (torch.profiler, mean of five calls)."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.triton_chunked import BLOCK_START_FALLBACKS, penalty_block_length
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16
+    rows = out.setdefault("block_variants", [])
+    for D in RUN["variant_Ds"]:
+        for T in RUN["block_variant_Ts"]:
+            x = _inputs(1, T, H, D, dt, dev)
+            base = None
+            blocks = RUN["block_variant_blocks"]
+            for block in blocks:
+                fwd = _variant(x, cfg, block)
+                before = BLOCK_START_FALLBACKS[0]
+                try:
+                    o = fwd().float()
+                    if base is None:
+                        base = o
+                    diff = float((o - base).abs().max() / base.abs().max().clamp_min(1e-30))
+                    row: dict[str, Any] = {
+                        "D": D, "T": T, "penalty_block": block,
+                        "block_tokens": penalty_block_length(T, 16, block, dk=D),
+                        "rel_diff": diff, "median_ms": time_ms(fwd, device=dev),
+                    }  # fmt: skip
+                    row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
+                    if not smoke and block in (blocks[0], min(b for b in blocks if b)):
+                        from torch.profiler import ProfilerActivity, profile
+
+                        torch.cuda.synchronize()
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            for _ in range(5):
+                                fwd()
+                            torch.cuda.synchronize()
+                        row["kernels_ms"] = {
+                            e.key[:80]: e.device_time_total / 5 / 1000
+                            for e in prof.key_averages()
+                            if e.device_type.name == "CUDA"
+                        }
+                    rows.append(row)
+                    _log({k: v for k, v in row.items() if k != "kernels_ms"})
+                except Exception as exc:
+                    rows.append({"D": D, "T": T, "penalty_block": block, "error": repr(exc)[:400]})
+                    _log("block variant failed", D, T, block, repr(exc)[:400])
+                if RUN.get("path"):
+                    RUN["path"].write_text(json.dumps(out, indent=1))
+            del x, base
+            if not smoke:
+                torch.cuda.empty_cache()
+
+
 def adjoint(out: dict[str, Any]) -> None:
     """The backward's adjoint twelve ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
@@ -962,6 +1029,12 @@ def main() -> None:
         action="store_true",
         help="the forward's penalty-chain variants side by side (CHAIN_VARIANTS), then stop",
     )
+    ap.add_argument(
+        "--block-variants",
+        action="store_true",
+        help="penalty-chain blocks at short lengths (block_variants); with --chain-variants, "
+        "after it",
+    )
     ap.add_argument("--D", type=int, nargs="+", default=None, help="the grid's head widths")
     ap.add_argument(
         "--fwdbwd-chunked-max-T",
@@ -1065,8 +1138,11 @@ def main() -> None:
         steps.append(lambda: minimal(out))
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
-    elif a.chain_variants:
-        steps.append(lambda: chain_variants(out))
+    elif a.chain_variants or a.block_variants:
+        if a.chain_variants:
+            steps.append(lambda: chain_variants(out))
+        if a.block_variants:
+            steps.append(lambda: block_variants(out))
     elif not a.compile_check:
         steps.append(full)
     for step in steps:
