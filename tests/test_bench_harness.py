@@ -201,3 +201,36 @@ def test_replot_draws_a_stored_result(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"machine": {}, "records": [], "correctness": {}}))
     assert replot(empty, tmp_path) == 2
+
+
+def test_autotune_cache_keeps_only_the_results(tmp_path, monkeypatch):
+    """``benchmarks/gpu/autotune_cache.py``: ``save`` copies Triton's ``<key>/<kernel>
+    .autotune.json`` files out of the cache (not its compiled kernels), ``restore`` puts them
+    back under the same keys, without overwriting the cache's own; a missing folder is
+    refused."""
+    import importlib.util as util
+
+    spec = util.spec_from_file_location("autotune_cache", ROOT / "benchmarks/gpu/autotune_cache.py")
+    assert spec is not None and spec.loader is not None
+    tool = util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    cache = tmp_path / "cache"
+    for key, name in (("ab12", "chunk_fwd_kernel"), ("cd34", "solve_tril")):
+        (cache / key).mkdir(parents=True)
+        (cache / key / f"{name}.autotune.json").write_text(json.dumps({"key": name}))
+        (cache / key / f"{name}.cubin").write_bytes(b"\0" * 64)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    stored = tmp_path / "stored"
+    assert tool.main(["save", str(stored)]) == 0
+    kept = sorted(str(p.relative_to(stored)) for p in stored.rglob("*") if p.is_file())
+    assert kept == ["ab12/chunk_fwd_kernel.autotune.json", "cd34/solve_tril.autotune.json"]
+    fresh = tmp_path / "fresh"
+    (fresh / "ab12").mkdir(parents=True)
+    (fresh / "ab12" / "chunk_fwd_kernel.autotune.json").write_text("own")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
+    assert tool.main(["restore", str(stored)]) == 0
+    assert (fresh / "ab12" / "chunk_fwd_kernel.autotune.json").read_text() == "own"
+    assert json.loads((fresh / "cd34" / "solve_tril.autotune.json").read_text()) == {
+        "key": "solve_tril"
+    }
+    assert tool.main(["restore", str(tmp_path / "absent")]) == 2
