@@ -20,6 +20,7 @@ the CPU at toy sizes (a test of the script, not a measurement).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -51,6 +52,8 @@ RUN: dict[str, Any] = {
     "variant_blocks": (None, 256, 512, 1024, 2048),
     "long_variant_T": 65536,
     "long_variant_blocks": (None, 512, 1024, 2048, 4096),
+    # Host traces of the forward (--host-trace).
+    "trace_Ts": (4096, 16384),
     # Penalty-chain blocks at short lengths (--block-variants).
     "block_variant_Ts": (1024, 4096),
     "block_variant_blocks": (None, 128, 256, 512),
@@ -80,6 +83,7 @@ SMOKE = {
     "variant_blocks": (None, 32),
     "long_variant_T": 64,
     "long_variant_blocks": (16,),
+    "trace_Ts": (64,),
     "block_variant_Ts": (64,),
     "block_variant_blocks": (None, 16, 32),
     "fwdbwd_chunked_max_T": 64,
@@ -818,6 +822,58 @@ def block_variants(out: dict[str, Any]) -> None:
                 torch.cuda.empty_cache()
 
 
+def host_trace(out: dict[str, Any]) -> None:
+    """Where the chunked forward's wall time exceeds its device time: a torch.profiler trace
+    (host and device activity) of three forwards after a warm-up, B = 1, H = grid_H, bf16, paper
+    preset, at ``trace_Ts`` for each of ``variant_Ds``, exported as Chrome traces beside the
+    JSON (``trace_D{D}_T{T}.json``); the JSON gets each size's wall time per call, the device
+    time per call and the longest stretches with no kernel running, with the host operations
+    that ran across each."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.bench import _inputs
+
+    if RUN["smoke"]:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = VLAConfig()
+    H, dev = RUN["grid_H"], RUN["device"]
+    rows = out.setdefault("host_trace", [])
+    folder = RUN["path"].parent if RUN.get("path") else Path(".")
+    for D in RUN["variant_Ds"]:
+        for T in RUN["trace_Ts"]:
+            x = _inputs(1, T, H, D, torch.bfloat16, dev)
+            fwd = _variant(x, cfg, None)
+            fwd()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    fwd()
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / 3
+            prof.export_chrome_trace(str(folder / f"trace_D{D}_T{T}.json"))
+            events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+            spans = sorted((e.time_range.start, e.time_range.end) for e in events)
+            busy = sum(b - a for a, b in spans)
+            gaps = [(b0, a1) for (_, b0), (a1, _) in itertools.pairwise(spans) if a1 > b0]
+            host = [e for e in prof.events() if e.device_type.name == "CPU"]
+            worst = []
+            for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:12]:
+                during = {e.name for e in host if e.time_range.start < b and e.time_range.end > a}
+                worst.append({"gap_us": b - a, "host_ops": sorted(during)[:12]})
+            row = {"D": D, "T": T, "wall_ms": wall * 1e3, "device_ms": busy / 3 / 1e3,
+                   "gaps": worst}  # fmt: skip
+            rows.append(row)
+            _log({k: v for k, v in row.items() if k != "gaps"})
+            if RUN.get("path"):
+                RUN["path"].write_text(json.dumps(out, indent=1))
+            del x
+            torch.cuda.empty_cache()
+
+
 def adjoint(out: dict[str, Any]) -> None:
     """The backward's adjoint twelve ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
@@ -1035,6 +1091,12 @@ def main() -> None:
         help="penalty-chain blocks at short lengths (block_variants); with --chain-variants, "
         "after it",
     )
+    ap.add_argument(
+        "--host-trace",
+        action="store_true",
+        help="torch.profiler traces of the forward: wall against device time, the idle gaps "
+        "(host_trace); with the variants, after them",
+    )
     ap.add_argument("--D", type=int, nargs="+", default=None, help="the grid's head widths")
     ap.add_argument(
         "--fwdbwd-chunked-max-T",
@@ -1138,11 +1200,13 @@ def main() -> None:
         steps.append(lambda: minimal(out))
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
-    elif a.chain_variants or a.block_variants:
+    elif a.chain_variants or a.block_variants or a.host_trace:
         if a.chain_variants:
             steps.append(lambda: chain_variants(out))
         if a.block_variants:
             steps.append(lambda: block_variants(out))
+        if a.host_trace:
+            steps.append(lambda: host_trace(out))
     elif not a.compile_check:
         steps.append(full)
     for step in steps:
