@@ -583,3 +583,45 @@ def test_penalty_block_length_follows_the_measured_rows() -> None:
     assert tc.penalty_block_length(65536, 16, dk=128) == 4096
     assert tc.penalty_block_length(1000, 48, dk=64) == 1056
     assert tc.penalty_block_length(16384, 16, 256, dk=128) == 256
+
+
+def test_gradients_with_floored_denominators() -> None:
+    """``sm_floor = 1.5``, above some ``1 + uᵀAu`` of these penalties (``‖u‖² = 1/dk`` scaled
+    by 1.5, so ``uᵀAu`` spans the floor): the kept pivots before and after the floor route
+    ``dδ`` only through the unfloored steps, within the budget against torch_chunked."""
+    inputs, initial, cotangents, start = _state_gradient_case(22)
+    inputs[3] = inputs[3] * 1.5
+    from vla_verify.backends.torch_chunked import chunked
+    from vla_verify.gradient_check import check_gradients
+
+    config = VLAConfig(sm_floor=1.5)
+
+    def torch_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return chunked(*a, penalty_chain="woodbury", chunk_size=16, start=start, **kw)
+
+    def triton_fn(*a, **kw):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*a, chunk_size=16, start=start, **kw)
+
+    checks = check_gradients(
+        triton_fn, torch_fn, [*inputs, *initial], cotangents, config=config, dtype="float32",
+        baselines=[torch_fn], copies=2, terms=inputs[0].shape[-1] + 16,
+    )  # fmt: skip
+    assert all(c.passed for c in checks.values()), {n: c.ratio for n, c in checks.items()}
+
+
+def test_pivots_without_their_floor_are_rejected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check above fails a backward that takes the raw pivots for the floored ones (the
+    floor lost between the forward and the backward)."""
+    adjoint = tc._recurrent_adjoint
+
+    def planted(*args):  # type: ignore[no-untyped-def]
+        kh, ah, sc, sv, cs = args[-1]
+        cs = cs.clone()
+        cs[..., 1] = cs[..., 0]
+        return adjoint(*args[:-1], (kh, ah, sc, sv, cs))
+
+    monkeypatch.setattr(tc, "_recurrent_adjoint", planted)
+    with pytest.raises(AssertionError):
+        test_gradients_with_floored_denominators()
