@@ -339,12 +339,15 @@ def test_block_starts_without_directions_or_matrices_is_refused() -> None:
         tc.penalty_block_starts(None, A0, start=0, nudge_period=3, nudge_eta=0.1, block=4)
 
 
-def test_block_matrix_nudge_first_is_rejected() -> None:
-    """The planted kernel bug end to end: the block-end check recomputes the starts from the
-    same wrong matrices, and the oracle rejects the output."""
+def test_block_matrix_nudge_first_is_caught() -> None:
+    """The planted kernel bug end to end: its wrong block matrices give wrong starts, the
+    block-end check catches them and the second pass (one block from ``A_0``, no matrices)
+    gives the oracle's output (the kernel's own test above rejects its matrices)."""
     inputs, _ = _inputs(70, 8, 8, seed=3)
-    planted = _planted_blocks("block_matrix_nudge_first")
-    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) != []
+    before = tc.BLOCK_START_FALLBACKS[0]
+    assert _outside_budget(_planted_blocks("block_matrix_nudge_first"), inputs, None,
+                           STRONG_NUDGE, 0, 16) == []  # fmt: skip
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
 
 
 @pytest.mark.parametrize(
@@ -401,12 +404,50 @@ def test_unchecked_block_starts_without_nudges_are_rejected() -> None:
 
 def test_the_block_end_check_catches_wrong_block_starts() -> None:
     """The same wrong starts with the check on: the chain's block ends disagree with them, the
-    starts are recomputed, and the result is within the budget."""
+    second pass runs the chain in one block (counted on the device), and the result is within
+    the budget."""
     inputs, _ = _inputs(70, 8, 8, seed=3)
     before = tc.BLOCK_START_FALLBACKS[0]
     planted = _planted_blocks("block_starts_without_nudges")
     assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16) == []
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+
+
+def test_the_second_pass_writes_only_after_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second pass's launches (``COND``) write nothing where the block-start check passed
+    and over every output buffer where it failed: each buffer is filled with a sentinel before
+    the launch (and given back its values where nothing was written)."""
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    written = {"penalty_chain_kernel": 4, "state_prep_kernel": 3, "state_starts_kernel": 4,
+               "state_output_kernel": 6}  # fmt: skip
+    changed: list[tuple[str, bool]] = []
+
+    class Spy:
+        def __init__(self, name: str, real) -> None:  # type: ignore[no-untyped-def]
+            self.name, self.real = name, real
+
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+                out = args[written[self.name]]
+                if not kwargs.get("COND"):
+                    self.real[grid](*args, **kwargs)
+                    return
+                before = out.clone()
+                out.fill_(1234.5)
+                self.real[grid](*args, **kwargs)
+                touched = bool((out != 1234.5).any())
+                if not touched:
+                    out.copy_(before)
+                changed.append((self.name, touched))
+
+            return launch
+
+    for name in written:
+        monkeypatch.setattr(tc.kernels, name, Spy(name, getattr(tc.kernels, name)))
+    for bug, failed in ((None, False), ("block_starts_without_nudges", True)):
+        changed.clear()
+        assert _outside_budget(_planted_blocks(bug), inputs, None, STRONG_NUDGE, 0, 16) == []
+        assert sorted(changed) == sorted((name, failed) for name in written), changed
 
 
 def test_indefinite_initial_penalty_runs_one_block() -> None:
@@ -526,7 +567,7 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
         Kt = torch.empty(H, TP, BK)
         Vt = torch.empty(H, TP, BV)
         kernels.state_prep_kernel[(TP // C, H)](
-            k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
+            k, v, gates, Kt, Vt, params, gates, T, H, H * dk, dk, H * dv, dv,
             DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC="ieee", BUG=bug,
         )  # fmt: skip
         return Kt[:, :T, :dk].double(), Vt[:, :T, :dv].double()

@@ -122,13 +122,39 @@ DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 2048}
 MAX_PENALTY_BLOCKS = 16
 #: The float64 chain's check of its products-only block starts: each block's end (the chain's
 #: own, from that block's start) and the next block's start agree to this relative error, or the
-#: starts are recomputed normalised.  The chain's float64 rounding over a block is far below it;
-#: a start error at it is far below the float32 state's rounding.
+#: chain runs again in one block from ``A_0`` (on the device, no host synchronisation).  The
+#: chain's float64 rounding over a block is far below it; a start error at it is far below the
+#: float32 state's rounding.
 BLOCK_START_RTOL = 1e-9
 #: Bytes of float64 piece matrices that :func:`penalty_block_starts` holds at once.
 _PIECE_BYTES = 256 * 2**20
-#: How many calls recomputed their block starts (tests read it).
-BLOCK_START_FALLBACKS = [0]
+
+
+class _FallbackCount:
+    """How many calls failed the block-start check and ran the chain in one block
+    (``BLOCK_START_FALLBACKS[0]``; tests and benchmarks read it).  The count is kept on each
+    device, so that the forward never waits for the check; reading it waits for the devices
+    that counted."""
+
+    def __init__(self) -> None:
+        self._counts: dict[torch.device, torch.Tensor] = {}
+
+    def add(self, flag: torch.Tensor) -> None:
+        """Count the int32 ``flag`` ``[1]`` (0 or 1) on its device, without synchronising."""
+        count = self._counts.get(flag.device)
+        if count is None:
+            self._counts[flag.device] = flag.to(torch.int64).clone()
+        else:
+            count.add_(flag)
+
+    def __getitem__(self, index: int) -> int:
+        if index != 0:
+            raise IndexError("BLOCK_START_FALLBACKS has one entry, [0]")
+        return sum(int(c.item()) for c in self._counts.values())
+
+
+#: How many calls recomputed their chain after a failed block-start check (``[0]``).
+BLOCK_START_FALLBACKS = _FallbackCount()
 #: Largest dk and dv.
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
@@ -474,87 +500,100 @@ def _forward(
     else:
         kh_s = sv_s = sc_s = cs_s = gates  # not written
 
-    def penalty_chain(A_starts: torch.Tensor) -> torch.Tensor:
+    def penalty_chain(A_starts: torch.Tensor, flag: torch.Tensor | None = None) -> torch.Tensor:
         # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding stays zero); on exit
-        # each block's end Aᵀ.
-        X = torch.zeros(BH, NB, BK, BK, dtype=pd, device=dev)
+        # each block's end Aᵀ.  With a flag, one block from A_0 that runs only where it is set.
+        nb = A_starts.shape[1]
+        X = torch.zeros(BH, nb, BK, BK, dtype=pd, device=dev)
         X[:, :, :dk, :dk] = A_starts.mT.to(pd)
-        kernels.penalty_chain_kernel[(BH, NB)](
-            kp, up, X, W, gates, cka, kh_s, sv_s, cs_s, params, T, H, start_mod, period,
-            H * dk, dk, DK=dk, CPB=block // CP, NCK=nck + 1, CKE=_CHECKPOINT_EVERY, BK=BK,
-            BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd), NORMALIZE_GATE=config.normalize_gate,
-            SAVE_CKPT=save_checkpoints, SAVE_CHAIN=save_checkpoints, BKS=BKS,
-            ELIMINATE=PENALTY_ELIMINATION, BUG=bug, num_warps=warps,
+        kernels.penalty_chain_kernel[(BH, nb)](
+            kp, up, X, W, gates, cka, kh_s, sv_s, cs_s, params, gates if flag is None else flag,
+            T, H, start_mod, period, H * dk, dk, DK=dk,
+            CPB=(block if flag is None else CP * math.ceil(T / CP)) // CP, NCK=nck + 1,
+            CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
+            NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
+            SAVE_CHAIN=save_checkpoints, BKS=BKS, ELIMINATE=PENALTY_ELIMINATION, BUG=bug,
+            COND=flag is not None, num_warps=warps,
         )  # fmt: skip
         return X
 
-    def state_chain() -> tuple[torch.Tensor, ...]:
-        Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
-        Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
-        # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
-        # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
-        # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
-        # the low-precision oracle, far above tf32's rounding.
-        prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
+    # The state chain's buffers: written by the first pass, written over by the fallback's.
+    NCk = math.ceil(T / C)
+    Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
+    Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
+    S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
+    S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
+    E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
+    # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
+    # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
+    # the low-precision oracle, far above tf32's rounding.
+    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
+    bvb = min(BV, 32)
+    # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
+    # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
+    # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
+    stages = 1 if BK > 64 else 3  # 3: Triton's default
+
+    def state_chain(flag: torch.Tensor | None = None) -> None:
+        # The state chain from the gates: the UT transform, the sequential S recurrence (two
+        # products a chunk), then every chunk's read-out at once.  With a flag, only where set.
+        cond = {"COND": flag is not None}
+        fl = gates if flag is None else flag
         kernels.state_prep_kernel[(TP // C, BH)](
-            k, v, gates, Kt, Vt, params, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, BUG=bug, num_warps=warps,
+            k, v, gates, Kt, Vt, params, fl, T, H, H * dk, dk, H * dv, dv,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, BUG=bug, num_warps=warps, **cond,
         )  # fmt: skip
-        o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
-        S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
-        z_out = torch.empty(BH, dk, dtype=f32, device=dev)
-        bvb = min(BV, 32)
-        # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
-        # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
-        # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
-        stages = 1 if BK > 64 else 3  # 3: Triton's default
-        # The state chain in two launches: the sequential S recurrence (two products a chunk),
-        # then every chunk's read-out at once; z at the chunk starts is a cumulative sum of keys.
-        NCk = math.ceil(T / C)
-        S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
-        E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
         kernels.state_starts_kernel[(BH, BV // bvb)](
-            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, T, dk, dv,
+            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, fl, T, dk, dv,
             BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
+            **cond,
         )  # fmt: skip
-        # Each chunk's sum of keys, read once from the inputs' layout (the tail chunk padded).
-        kc = k if T == NCk * C else torch.nn.functional.pad(k, (0, 0, 0, 0, 0, NCk * C - T))
-        sums = torch.zeros(BH, NCk, BK, dtype=f32, device=dev)
-        sums[:, :, :dk] = (kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
-                           .permute(0, 2, 1, 3).reshape(BH, NCk, dk))  # fmt: skip
-        z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
-        z_pad[:, :dk] = z0
-        z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
-        z_out.copy_(z_pad[:, :dk] + sums.sum(1)[:, :dk])
         kernels.state_output_kernel[(NCk, BH, BV // bvb)](
-            q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, T, H, H * dk, dk,
+            q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
             H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
             NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=save_checkpoints, BUG=bug,
-            num_warps=warps,
+            num_warps=warps, **cond,
         )  # fmt: skip
-        return o, S_out, z_out, S_chunks, z_chunks
 
     X = penalty_chain(A_starts)
-    o, S_out, z_out, S_chunks, z_chunks = state_chain()
+    # z at the chunk starts, a cumulative sum of the chunks' keys (read once from the inputs'
+    # layout, the tail chunk padded): independent of the penalty chain, formed
+    # while its kernel runs.
+    kc = k if T == NCk * C else torch.nn.functional.pad(k, (0, 0, 0, 0, 0, NCk * C - T))
+    sums = torch.zeros(BH, NCk, BK, dtype=f32, device=dev)
+    sums[:, :, :dk] = (kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
+                       .permute(0, 2, 1, 3).reshape(BH, NCk, dk))  # fmt: skip
+    z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
+    z_pad[:, :dk] = z0
+    z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
+    z_out = z_pad[:, :dk] + sums.sum(1)[:, :dk]
+    state_chain()
+    A_end = X[:, NB - 1]
     if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
         # Each block's end, by the chain itself from its start, must be the next block's start.
-        # Checked after the state chain is queued, so that the check's synchronisation leaves
-        # the device no gap to wait in; a failed check (rare) runs both chains again.
+        # The check stays on the device (a host synchronisation would expose the host's work of
+        # every call): where it fails (rarely) a second pass runs the penalty chain in one block
+        # from A_0, exact by construction, and the state chain again, writing over the first
+        # pass's outputs; elsewhere its kernels return at once.
         ends = X[:, :-1, :dk, :dk].mT
         scale = A_starts.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float64).tiny)
         gap = (ends - A_starts[:, 1:]).abs().amax(dim=(-2, -1)) / scale[:, 1:]
-        if bool((gap > BLOCK_START_RTOL).any()):  # a device sync, once per call
-            BLOCK_START_FALLBACKS[0] += 1
-            X = penalty_chain(starts(normalise=True, planted=False))
-            o, S_out, z_out, S_chunks, z_chunks = state_chain()
-    A = X[:, NB - 1, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
+        failed = (gap > BLOCK_START_RTOL).any()
+        flag = failed.to(torch.int32).reshape(1)
+        BLOCK_START_FALLBACKS.add(flag)
+        X_one = penalty_chain(A0[:, None], flag)
+        state_chain(flag)
+        A_end = torch.where(failed, X_one[:, 0], A_end)
+    A = A_end[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
     state = (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
     if not save_checkpoints:
         return o, state, None
     # The chains' values at the checkpoints: S and z at every state chunk's start (a chunk
     # divides the interval), A from the penalty kernel, the first and last here.
     cka[:, 0] = A0.mT
-    cka[:, nck] = X[:, NB - 1, :dk, :dk]
+    cka[:, nck] = A_end[:, :dk, :dk]
     every = _CHECKPOINT_EVERY // C
     cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).contiguous()
     ckz = torch.cat([z_chunks[:, ::every, :dk], z_out[:, None]], dim=1)

@@ -44,6 +44,13 @@ The launches, in this order:
    leaves that loop two products a chunk instead of five (as fla's ``chunk_fwd_h`` and
    ``chunk_fwd_o`` split the delta rule).
 
+With more than one block, the float64 chain's block starts are checked on the device against
+the blocks' ends (:data:`~vla_verify.backends.triton_chunked.BLOCK_START_RTOL`), and a second
+pass (``COND``: every kernel of steps 1-4 first reads an int32 flag and returns at once unless
+the check failed) runs the penalty chain in one block from ``A_0`` and the state chain again,
+writing over the first pass's outputs: a failed check costs the device a sequential chain, a
+passed one a few empty launches, and neither a host synchronisation.
+
 Products of the state chain take float32 operands with ``PREC`` (``"ieee"`` or ``"tf32"``: the
 ``input_precision`` switch of :func:`~vla_verify.backends.triton_chunked.chunked_vla`; tf32 for
 16-bit inputs), accumulating in float32.  The penalty chain's products are
@@ -154,6 +161,7 @@ def penalty_chain_kernel(
     sv_ptr,  # [BH, T, BKS] float32 out (SAVE_CHAIN): s_t = A_{t-1} u_t
     cs_ptr,  # [BH, T, 4] float32 out (SAVE_CHAIN): 1 + u_tᵀs_t, δ_t, ‖α_t‖, ‖k_t‖
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
+    flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
     H,
     start,
@@ -175,7 +183,11 @@ def penalty_chain_kernel(
     BKS: tl.constexpr,  # the row width of kh, sv (the recurrent backward's key tile, <= BK)
     ELIMINATE: tl.constexpr,
     BUG: tl.constexpr,
+    COND: tl.constexpr = False,
 ):
+    if COND:  # the fallback pass (module docstring): only where the block-start check failed
+        if tl.load(flag_ptr) == 0:
+            return
     bh = tl.program_id(0)
     blk = tl.program_id(1)
     NB = tl.num_programs(1)
@@ -423,6 +435,7 @@ def state_prep_kernel(
     kt_ptr,  # [BH, TP, BK] float32 out: K̃ = T K̂
     vt_ptr,  # [BH, TP, BV] float32 out: Ṽ = T V
     params_ptr,
+    flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
     H,
     s_t,
@@ -437,11 +450,15 @@ def state_prep_kernel(
     TP,  # the padded length: a runtime value, so a new T compiles nothing
     PREC: tl.constexpr,
     BUG: tl.constexpr = 0,
+    COND: tl.constexpr = False,
 ):
     """The UT transform of one chunk by 16-row blocks: ``T = (I + N)^{-1}`` with ``T_ii`` by
     forward substitution (16 dependent steps over a 16 × 16 tile, not ``C`` over ``C × C``) and
     ``T_ij = −T_ii Σ_{j≤m<i} N_im T_mj`` below the diagonal, then ``K̃ = T K̂``, ``Ṽ = T V`` block
     row by block row (the pattern of flash-linear-attention's ``solve_tril``)."""
+    if COND:  # the fallback pass (module docstring): only where the block-start check failed
+        if tl.load(flag_ptr) == 0:
+            return
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -503,6 +520,7 @@ def state_starts_kernel(
     s_chunks_ptr,  # [BH, NC, BV, BK] float32 out: S at each chunk's start
     e_ptr,  # [BH, TP, BV] float32 out: E_c = Ṽ_c − K̃_c S_cᵀ
     s_out_ptr,  # [BH, DV, DK] float32 out
+    flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
     DK,
     DV,
@@ -512,9 +530,13 @@ def state_starts_kernel(
     C: tl.constexpr,
     TP,
     PREC: tl.constexpr,
+    COND: tl.constexpr = False,
 ):
     """The sequential half of the state chain: per chunk only ``E_c`` and ``S_{c+1} = S_c +
     E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`."""
+    if COND:  # the fallback pass (module docstring): only where the block-start check failed
+        if tl.load(flag_ptr) == 0:
+            return
     bh = tl.program_id(0)
     pv = tl.program_id(1)
     ot = tl.arange(0, C)
@@ -557,6 +579,7 @@ def state_output_kernel(
     o_ptr,  # [B, T, H, DV] out, the inputs' dtype
     sc_ptr,  # [BH, T, 2] float32 out (SAVE_CHAIN): α̂_tᵀq_t, z_tᵀq_t
     params_ptr,
+    flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
     H,
     s_t,
@@ -574,12 +597,16 @@ def state_output_kernel(
     NORMALIZE_OUTPUT: tl.constexpr,
     SAVE_CHAIN: tl.constexpr,
     BUG: tl.constexpr,
+    COND: tl.constexpr = False,
 ):
     """The parallel half: every chunk at once, ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the
     read-out normaliser from ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s``.  With ``SAVE_CHAIN``
     the first value block's programs also store, per token, ``α̂_tᵀq_t`` and ``z_tᵀq_t`` (before
     the floor ``out_eps``) for the backward, as float32 row sums (not the diagonal of the
     ``PREC`` product ``Q Âᵀ``)."""
+    if COND:  # the fallback pass (module docstring): only where the block-start check failed
+        if tl.load(flag_ptr) == 0:
+            return
     c = tl.program_id(0)
     bh = tl.program_id(1)
     pv = tl.program_id(2)
