@@ -890,9 +890,10 @@ def adjoint(out: dict[str, Any]) -> None:
     chunked backend's backward reads the chain values its forward kept;
     ``vla_triton_chunked_rerun`` times it rerunning the gate pass instead, beside it.
 
-    Correctness first: float32 gradients of the recurrent backend in each mode against its
-    float64 one-pass gradients at ``adjoint_check``; each must err at most twice what one pass
-    errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward + backward
+    Correctness first: float32 gradients of the recurrent backend in each mode, and of the
+    chunked backend with its backward in that mode (``chunked_<mode>``), against the recurrent
+    backend's float64 one-pass gradients at ``adjoint_check``; each must err at most twice what
+    one pass errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward + backward
     times of both VLA backends in every mode beside SDPA and fla's chunk kernels
     (``_grid_fwdbwd_fns``), in one run; last, each size's kernel breakdown with the default
     plan (:func:`_adjoint_breakdown`)."""
@@ -939,10 +940,15 @@ def adjoint(out: dict[str, Any]) -> None:
         fused.plan_for = plan_for  # type: ignore[assignment]
         return plan_for
 
-    def grads(x: dict[str, Any], dtype: Any, name: str) -> list[Any]:
+    def grads(x: dict[str, Any], dtype: Any, name: str, chunked: bool = False) -> list[Any]:
         mode(name)
         leaves = [x[n].to(dtype).detach().requires_grad_(True) for n in "qkvu"]
-        o, _ = fused.fused_recurrent_vla(*leaves, config=cfg)
+        if chunked:  # its backward: the recurrent adjoint in this mode, from its chain values
+            from vla_verify.backends.triton_chunked import chunked_vla
+
+            o, _ = chunked_vla(*leaves, config=cfg)
+        else:
+            o, _ = fused.fused_recurrent_vla(*leaves, config=cfg)
         return list(torch.autograd.grad(o, leaves, x["do"].to(dtype)))
 
     try:
@@ -956,6 +962,14 @@ def adjoint(out: dict[str, Any]) -> None:
             except Exception as exc:  # a mode that does not build here: recorded, not timed
                 res["check"][name] = {"failed": repr(exc)[:400]}
                 _log("adjoint check failed", name, repr(exc)[:400])
+        built = list(runs)
+        # The chunked backend's gradients in each mode, against the same reference and budget.
+        for name in built:
+            try:
+                runs[f"chunked_{name}"] = grads(x, torch.float32, name, chunked=True)
+            except Exception as exc:
+                res["check"][f"chunked_{name}"] = {"failed": repr(exc)[:400]}
+                _log("adjoint check failed", "chunked", name, repr(exc)[:400])
         eps = float(torch.finfo(torch.float32).eps)
         for name, got in runs.items():
             res["check"][name] = {}
@@ -969,7 +983,6 @@ def adjoint(out: dict[str, Any]) -> None:
         res["check"]["blocks"] = default_plan(1, H, T, D, D, torch.float32, x["q"].device, True)
         res["check"]["blocks"] = res["check"]["blocks"].adjoint_blocks
         _log("adjoint check", res["check"])
-        built = list(runs)
         del x, ref, runs
         for D, T in RUN["adjoint_sizes"]:
             x = _inputs(1, T, H, D, torch.float32 if RUN["smoke"] else torch.bfloat16, dev)
