@@ -893,8 +893,8 @@ def adjoint(out: dict[str, Any]) -> None:
     Correctness first: float32 gradients of the recurrent backend in each mode, and of the
     chunked backend with its backward in that mode (``chunked_<mode>``), against the recurrent
     backend's float64 one-pass gradients at ``adjoint_check``; each must err at most twice what
-    one pass errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward + backward
-    times of both VLA backends in every mode beside SDPA and fla's chunk kernels
+    one pass errs plus the chunked float32 floor ``(D + 64 + 2)·eps·max|g|``.  Then forward +
+    backward times of both VLA backends in every mode beside SDPA and fla's chunk kernels
     (``_grid_fwdbwd_fns``), in one run; last, each size's kernel breakdown with the default
     plan (:func:`_adjoint_breakdown`)."""
     import dataclasses
