@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -669,23 +670,18 @@ def test_gradients_from_the_zero_state_within_budget(chunked: bool) -> None:
 
 def _two_axis_penalty_example(top: float, seed: int):  # type: ignore[no-untyped-def]
     """From the zero state, penalties along two axes with magnitudes ``10^U(-1, top)``
-    (repeated directions of mixed strength: the hardest case of the strategies' regimes)."""
-    B, T, H, dk, dv = 1, 64, 2, 16, 8
-    rng = np.random.default_rng(seed)
-    config = VLAConfig()
-    axes = rng.integers(0, 2, size=(B, T, H))
-    magnitude = 10.0 ** rng.uniform(-1, top, size=(B, T, H))
-    arrays = [
-        np.abs(rng.standard_normal((B, T, H, dk))) + 0.1,
-        np.exp(0.5 * rng.standard_normal((B, T, H, dk))),
-        rng.standard_normal((B, T, H, dv)),
-        np.eye(dk)[axes] * magnitude[..., None],
-        np.zeros((B, H, dv, dk)),
-        np.broadcast_to(np.eye(dk) / config.lambda0, (B, H, dk, dk)).copy(),
-        np.zeros((B, H, dk)),
-    ]
-    cot = [rng.standard_normal(a.shape) for a in (arrays[2], *arrays[4:])]
-    return arrays, cot, config
+    (repeated directions of mixed strength: the hardest case of the strategies' regimes): the
+    cases of ``benchmarks/pieces_accuracy.py``, the evidence for ``PIECES_MAX_DENOMINATOR``
+    (B = 1, T = 64, H = 2, dk = 16, dv = 8), drawn by its own generator."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pieces_accuracy.py"
+    spec = importlib.util.spec_from_file_location("pieces_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    arrays, cot = evidence.example("mixed", top, seed)
+    return arrays, cot, VLAConfig()
 
 
 def _pieces_check(arrays, cot, config, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, list]:  # type: ignore[no-untyped-def]
