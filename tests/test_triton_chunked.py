@@ -413,6 +413,26 @@ def test_the_block_end_check_catches_wrong_block_starts() -> None:
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
 
 
+def test_non_finite_block_starts_fail_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Block starts that came out NaN (the products-only starts' solve reports no singular
+    ``Θ``) fail the block-end check, whose comparisons are all false on NaN: the second pass
+    runs and the result is within the budget."""
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    real = tc.penalty_block_starts
+
+    def nan_starts(*args, **kwargs):  # type: ignore[no-untyped-def]
+        A = real(*args, **kwargs)
+        if not kwargs.get("normalise", True):
+            A = A.clone()
+            A[:, 1:] = float("nan")
+        return A
+
+    monkeypatch.setattr(tc, "penalty_block_starts", nan_starts)
+    before = tc.BLOCK_START_FALLBACKS[0]
+    assert _outside_budget(_planted_blocks(None), inputs, None, STRONG_NUDGE, 0, 16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+
+
 def test_the_second_pass_writes_only_after_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The second pass's launches (``COND``) write nothing where the block-start check passed
     and over every output buffer where it failed: each buffer is filled with a sentinel before
