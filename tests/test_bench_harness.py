@@ -206,8 +206,8 @@ def test_replot_draws_a_stored_result(tmp_path):
 def test_autotune_cache_keeps_only_the_results(tmp_path, monkeypatch):
     """``benchmarks/gpu/autotune_cache.py``: ``save`` copies Triton's ``<key>/<kernel>
     .autotune.json`` files out of the cache (not its compiled kernels), ``restore`` puts them
-    back under the same keys, without overwriting the cache's own; a missing folder is
-    refused."""
+    back under the same keys, without overwriting the cache's own, also through one ``.tar``
+    archive; a missing folder is refused."""
     import importlib.util as util
 
     spec = util.spec_from_file_location("autotune_cache", ROOT / "benchmarks/gpu/autotune_cache.py")
@@ -234,3 +234,15 @@ def test_autotune_cache_keeps_only_the_results(tmp_path, monkeypatch):
         "key": "solve_tril"
     }
     assert tool.main(["restore", str(tmp_path / "absent")]) == 2
+    # The same through one archive.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    archive = tmp_path / "results.tar"
+    assert tool.main(["save", str(archive)]) == 0
+    import tarfile
+
+    assert archive.is_file() and tarfile.is_tarfile(archive)
+    other = tmp_path / "other"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(other))
+    assert tool.main(["restore", str(archive)]) == 0
+    got = sorted(str(p.relative_to(other)) for p in other.rglob("*") if p.is_file())
+    assert got == kept

@@ -14,7 +14,10 @@ files: compiled kernels are rebuilt, which takes seconds per kernel)::
     python benchmarks/gpu/chunk_h200.py --out "$OUT" ...
     python benchmarks/gpu/autotune_cache.py save "$OUT/triton_autotune"
 
-Copy what ``save`` wrote to ``benchmarks/results/<gpu>/triton_autotune/`` and commit it.
+Copy what ``save`` wrote to ``benchmarks/results/<gpu>/triton_autotune/`` and commit it.  A
+path ending in ``.tar`` is one archive instead of a folder, both ways (``save "$OUT/triton_
+autotune.tar"``): the device machine hands back a limited number of files per run, and a run of
+the chunk grid leaves two dozen results.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import argparse
 import os
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 #: The suffix of Triton's autotuning results in its cache.
@@ -57,18 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("restore", help="copy stored results into Triton's cache")
-    r.add_argument("stored", type=Path)
-    s = sub.add_parser("save", help="copy the cache's results to a folder")
+    r.add_argument("stored", type=Path, help="a folder of results, or a .tar archive of one")
+    s = sub.add_parser("save", help="copy the cache's results to a folder (or a .tar archive)")
     s.add_argument("folder", type=Path)
     a = ap.parse_args(argv)
-    if a.command == "restore":
-        src, dst = a.stored, cache_dir()
-    else:
-        src, dst = cache_dir(), a.folder
-    if not src.is_dir():
-        print(f"{src}: no such folder", file=sys.stderr)
-        return 2
-    copied = copy_results(src, dst)
+    with tempfile.TemporaryDirectory() as tmp:
+        if a.command == "restore":
+            src, dst = a.stored, cache_dir()
+            if src.suffix == ".tar" and src.is_file():
+                with tarfile.open(src) as archive:
+                    archive.extractall(tmp, filter="data")
+                src = Path(tmp)
+        else:
+            src, dst = cache_dir(), a.folder
+        if not src.is_dir():
+            print(f"{src}: no such folder", file=sys.stderr)
+            return 2
+        if dst.suffix == ".tar":
+            copied = copy_results(src, Path(tmp))
+            with tarfile.open(dst, "w") as archive:
+                for rel in copied:
+                    archive.add(Path(tmp) / rel, arcname=str(rel))
+        else:
+            copied = copy_results(src, dst)
     print(f"{len(copied)} autotuning results copied from {src} to {dst}")
     return 0
 
