@@ -529,10 +529,12 @@ def analyse(out: dict[str, Any], path: Path) -> None:
         import matplotlib.pyplot as plt
 
         modes = [m for m in ("fwd", "fwdbwd") if any(k[2] == m for k in by)]
-        fig, grid = plt.subplots(len(modes), 2, figsize=(10, 4 * len(modes)), squeeze=False)
+        widths = sorted({d for (_, d, _) in by})
+        fig, grid = plt.subplots(len(modes), len(widths), figsize=(5 * len(widths), 4 * len(modes)),
+                                 squeeze=False)  # fmt: skip
         words = {"fwd": "forward", "fwdbwd": "forward + backward"}
         for row, mode in zip(grid, modes, strict=True):
-            for ax, D in zip(row, (64, 128), strict=True):
+            for ax, D in zip(row, widths, strict=True):
                 for (op, d, m), series in sorted(by.items()):
                     if d == D and m == mode:
                         Ts = sorted(series)
@@ -545,7 +547,9 @@ def analyse(out: dict[str, Any], path: Path) -> None:
                 ax.grid(True, which="both", alpha=0.3)
                 ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path.with_name("chunk_latency.png"), dpi=120)
+        # chunk.json's plot is chunk_latency.png, chunk_X.json's chunk_latency_X.png.
+        fig.savefig(path.with_name(path.stem.replace("chunk", "chunk_latency", 1) + ".png"),
+                    dpi=120)  # fmt: skip
     except Exception as exc:  # a plot is a convenience; the JSON holds the numbers
         _log("plot failed", repr(exc))
 
