@@ -38,13 +38,14 @@ __all__ = [
 #: the chunked kernel is faster.  The chunked kernel stays reachable with ``kernel="chunked"``.
 FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 8192}
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
-#: key width (as :data:`FORWARD_CROSSOVER_T`).  The two kernels share the backward (the
-#: recurrent adjoint, from the chunked forward's checkpoints), so they differ in the forward
-#: only.  Forward + backward, chunked against recurrent, ms (``benchmarks/results/h200/
-#: chunk.json``, the same settings): at D = 64 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096),
-#: 27.2 / 36.4 (16384); at D = 128 11.5 / 10.7 (1024), 43.9 / 42.7 (4096), 163 / 171 (16384);
-#: and at D = 64 8.88 / 6.53 at T = 2048 (``forward_crossover.json``).
-TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 16384}
+#: key width (as :data:`FORWARD_CROSSOVER_T`).  Both backwards are the recurrent adjoint (the
+#: chunked one from its forward's checkpoints and chain values).  Forward + backward, chunked
+#: against recurrent, ms (``benchmarks/results/h200/chunk.json``, the same settings): at D = 64
+#: 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096), 27.2 / 36.4 (16384), and 8.88 / 6.53 at
+#: T = 2048 (``forward_crossover.json``).  At D = 128 (``chunk_d128.json``, a later commit)
+#: 12.8 / 12.0 (1024), 56.2 / 47.1 (4096), 212 / 188 (16384), 849 / 754 (65536): the chunked
+#: kernel is slower at every length, so training there stays recurrent.
+TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: None}
 
 _KERNELS: dict[str, Any] = {}
 
