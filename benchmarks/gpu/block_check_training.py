@@ -1,0 +1,89 @@
+"""Why the chunked forward's block-start check fails in training on the H200.
+
+In ``chunk_d128.json`` (D = 128, bf16, T = 4096 to 65536) every forward + backward call of
+``triton_chunked`` counted a block-start fallback (the penalty chain again in one block), and no
+forward-only call did; under Triton's interpreter neither does (D = 16 to 128, T to 4096).  The
+training forward differs from the inference one only in what it stores for the backward
+(``save_checkpoints``: the penalty kernel's ``SAVE_CKPT``/``SAVE_CHAIN``, the read-out's
+``SAVE_CHAIN``).  This script runs ``_forward`` both ways, with the elimination and the
+factorisation, and reports per case the fallbacks, and with the check switched off the final
+``A`` of the blocked chain against the one-block chain's and training's against inference's: a
+training chain whose blocked end departs from the one-block end while inference's does not
+puts the fault in the stores of the training kernels.  Usage::
+
+    python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--block", type=int, default=None, help="penalty_block (default: the plan's)")
+    a = ap.parse_args()
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import machine_info
+
+    gpu = torch.cuda.is_available()
+    dev, dt = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
+    cfg = VLAConfig()
+    rows: list[dict[str, Any]] = []
+    rtol, eliminate = tc.BLOCK_START_RTOL, tc.PENALTY_ELIMINATION
+
+    def forward(x: list[Any], save: bool, block: int | None = a.block) -> tuple[Any, Any]:
+        o, (_, A, _), _ = tc._forward(*x, cfg, None, 0, 64, 16, block, "ieee", "float64", 0,
+                                      save_checkpoints=save)  # fmt: skip
+        return o.float(), A.double()
+
+    def rel(a: Any, b: Any) -> float:
+        return float((a - b).abs().max() / b.abs().max())
+
+    for D in a.D:
+        g = torch.Generator().manual_seed(0)
+        x = [torch.randn(1, a.T, a.H, D, generator=g) for _ in range(4)]
+        x = [(t / t.norm(dim=-1, keepdim=True)).to(dev, dt) for t in x]
+        one = forward(x, False, 16 * -(-a.T // 16))[1]
+        for elim in (False, True):
+            tc.PENALTY_ELIMINATION = elim
+            got = {}
+            for save in (False, True):
+                before = tc.BLOCK_START_FALLBACKS[0]
+                forward(x, save)
+                fallbacks = tc.BLOCK_START_FALLBACKS[0] - before
+                tc.BLOCK_START_RTOL = float("inf")  # the first pass's result, unchecked
+                try:
+                    got[save] = forward(x, save)
+                finally:
+                    tc.BLOCK_START_RTOL = rtol
+                blocks = -(-a.T // tc.penalty_block_length(a.T, 16, a.block, dk=D))
+                row = {"D": D, "T": a.T, "elimination": elim, "save_checkpoints": save,
+                       "blocks": blocks, "fallbacks": fallbacks,
+                       "A_unchecked_vs_one_block": rel(got[save][1], one)}  # fmt: skip
+                rows.append(row)
+                print(row, flush=True)
+            row = {"D": D, "T": a.T, "elimination": elim,
+                   "training_vs_inference_A": rel(got[True][1], got[False][1]),
+                   "training_vs_inference_o": rel(got[True][0], got[False][0])}  # fmt: skip
+            rows.append(row)
+            print(row, flush=True)
+        tc.PENALTY_ELIMINATION = eliminate
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "block_check_training.json").write_text(
+        json.dumps({"machine": machine_info(), "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
