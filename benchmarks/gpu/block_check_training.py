@@ -9,7 +9,9 @@ training forward differs from the inference one only in what it stores for the b
 factorisation, and reports per case the fallbacks, and with the check switched off the final
 ``A`` of the blocked chain against the one-block chain's and training's against inference's: a
 training chain whose blocked end departs from the one-block end while inference's does not
-puts the fault in the stores of the training kernels.  Usage::
+puts the fault in the stores of the training kernels.  Then (``kernel_variants``) the training
+forward's penalty kernel again with each combination of its stores and elimination, from the
+same block starts: which one changes the block ends.  Usage::
 
     python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N]
 """
@@ -79,10 +81,63 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
         tc.PENALTY_ELIMINATION = eliminate
+    rows += kernel_variants(a, dev, dt)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "block_check_training.json").write_text(
         json.dumps({"machine": machine_info(), "rows": rows}, indent=1)
     )
+
+
+def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
+    """The first pass's penalty kernel of one training forward, launched again from the same
+    block starts with each combination of its stores (``SAVE_CKPT``, ``SAVE_CHAIN``) and
+    elimination: each variant's block ends ``X`` against the variant with no stores and the
+    same elimination (the stores write other buffers only, so any difference is a fault)."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_chunked as tc
+
+    real = tc.kernels.penalty_chain_kernel
+    rows: list[dict[str, Any]] = []
+
+    class Variants:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                if kwargs.get("COND") or not kwargs.get("SAVE_CHAIN"):
+                    real[grid](*args, **kwargs)
+                    return
+                x_in = args[2].clone()
+                ends: dict[tuple[bool, bool, bool], Any] = {}
+                for elim in (False, True):
+                    for ckpt in (False, True):
+                        for chain in (False, True):
+                            x = x_in.clone()
+                            real[grid](*args[:2], x, *args[3:], **{**kwargs, "SAVE_CKPT": ckpt,
+                                       "SAVE_CHAIN": chain, "ELIMINATE": elim})  # fmt: skip
+                            ends[(elim, ckpt, chain)] = x
+                for (elim, ckpt, chain), x in ends.items():
+                    ref = ends[(elim, False, False)]
+                    diff = float((x - ref).abs().max() / ref.abs().max())
+                    rows.append({"D": kwargs["DK"], "kernel_elimination": elim,
+                                 "SAVE_CKPT": ckpt, "SAVE_CHAIN": chain,
+                                 "X_vs_no_stores": diff})  # fmt: skip
+                    print(rows[-1], flush=True)
+                real[grid](*args, **kwargs)
+
+            return launch
+
+    tc.kernels.penalty_chain_kernel = Variants()
+    try:
+        for D in a.D:
+            g = torch.Generator().manual_seed(0)
+            x = [torch.randn(1, a.T, a.H, D, generator=g) for _ in range(4)]
+            x = [(t / t.norm(dim=-1, keepdim=True)).to(dev, dt) for t in x]
+            tc._forward(*x, VLAConfig(), None, 0, 64, 16, a.block, "ieee", "float64", 0,
+                        save_checkpoints=True)  # fmt: skip
+    finally:
+        tc.kernels.penalty_chain_kernel = real
+    return rows
 
 
 if __name__ == "__main__":
