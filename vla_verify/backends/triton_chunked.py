@@ -301,7 +301,7 @@ def penalty_block_starts(
         XX = torch.cat([X0[:, None], Pf @ X0[:, None]], dim=1)  # [BH, NB, 2dk, dk]
         # solve_ex without its error check and by cuBLAS's batched LU: torch.linalg.solve reads
         # the LU's info back, and the batched LU PyTorch takes by default (MAGMA's) synchronises
-        # the device, so each call waited for the GPU (host traces: 6.4 ms of waiting at
+        # the device, so each call waited for the GPU (h200/host_trace_syncs.json: 6.4 ms at
         # D = 128, T = 16384).  A singular Θ gives non-finite starts, which the caller's
         # block-end check rejects.
         with _batched_cublas_lu(XX.device):
