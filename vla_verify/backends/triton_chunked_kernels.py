@@ -19,7 +19,7 @@ The launches, in this order:
 
    ``W`` and ``D`` come from the factorisation followed by the inverse of ``L`` and a product,
    or, with ``ELIMINATE``, from one elimination on ``[I + G | Y]`` (half the dependent steps;
-   ``PENALTY_ELIMINATION`` in :mod:`.triton_chunked`, off until timed).
+   ``PENALTY_ELIMINATION`` in :mod:`.triton_chunked`, the default: faster on the H200).
        X ← X − (W D^{-1})ᵀ W + c_C·I
 
    ``c_t`` is the isotropic shift of ``A_t = B_t + c_t·I`` inside the chunk: the nudges that
