@@ -53,9 +53,7 @@ def main() -> None:
         return float((a - b).abs().max() / b.abs().max())
 
     for D in a.D:
-        g = torch.Generator().manual_seed(0)
-        x = [torch.randn(1, a.T, a.H, D, generator=g) for _ in range(4)]
-        x = [(t / t.norm(dim=-1, keepdim=True)).to(dev, dt) for t in x]
+        x = grid_inputs(a.T, a.H, D, dev, dt)
         one = forward(x, False, 16 * -(-a.T // 16))[1]
         for elim in (False, True):
             tc.PENALTY_ELIMINATION = elim
@@ -88,12 +86,20 @@ def main() -> None:
     )
 
 
+def grid_inputs(T: int, H: int, D: int, dev: str, dt: Any) -> list[Any]:
+    """``q, k, v, u`` as the grid of ``chunk_h200.py`` draws them (``vla_verify.bench._inputs``,
+    seed 0), where the failing calls ran."""
+    from vla_verify.bench import _inputs
+
+    x = _inputs(1, T, H, D, dt, dev)
+    return [x[n] for n in "qkvu"]
+
+
 def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
     """The first pass's penalty kernel of one training forward, launched again from the same
     block starts with each combination of its stores (``SAVE_CKPT``, ``SAVE_CHAIN``) and
     elimination: each variant's block ends ``X`` against the variant with no stores and the
     same elimination (the stores write other buffers only, so any difference is a fault)."""
-    import torch
 
     from vla_verify import VLAConfig
     from vla_verify.backends import triton_chunked as tc
@@ -130,9 +136,7 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
     tc.kernels.penalty_chain_kernel = Variants()
     try:
         for D in a.D:
-            g = torch.Generator().manual_seed(0)
-            x = [torch.randn(1, a.T, a.H, D, generator=g) for _ in range(4)]
-            x = [(t / t.norm(dim=-1, keepdim=True)).to(dev, dt) for t in x]
+            x = grid_inputs(a.T, a.H, D, dev, dt)
             tc._forward(*x, VLAConfig(), None, 0, 64, 16, a.block, "ieee", "float64", 0,
                         save_checkpoints=True)  # fmt: skip
     finally:
