@@ -35,6 +35,12 @@ def _cuda_visible() -> bool:
 # must be set before triton is first imported, hence here.
 if "TRITON_INTERPRET" not in os.environ and not _cuda_visible():
     os.environ["TRITON_INTERPRET"] = "1"
+# The interpreter's reductions with a user combine function, folded by slices (bit-identical,
+# as the command line runs them; vla_verify.runtime.fold_interpreter_reductions).
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from vla_verify.runtime import fold_interpreter_reductions
+
+    fold_interpreter_reductions()
 
 _common = dict(
     deadline=None,

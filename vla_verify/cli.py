@@ -24,7 +24,12 @@ from .backends import Backend, available
 from .check_command import CHECK_DESCRIPTION, add_check_arguments, run_check
 from .conformance import ConformanceRow, conformance, format_conformance
 from .errors import BackendUnavailableError, VLAInputError
-from .runtime import cuda_available, seed_only_draws, use_triton_interpreter_without_gpu
+from .runtime import (
+    cuda_available,
+    fold_interpreter_reductions,
+    seed_only_draws,
+    use_triton_interpreter_without_gpu,
+)
 from .spec import VLAConfig
 
 __all__ = ["ConformanceRow", "build_parser", "conformance", "main", "parse_config"]
@@ -292,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports triton (building the parser imports the ledger and the bench):
     # every subcommand sees the same backends.
     interpreting = use_triton_interpreter_without_gpu()
+    fold_interpreter_reductions()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["experiments"]:
         from .experiments.cli import main as run_experiments

@@ -1,5 +1,6 @@
 """How the command line sets up the process before it runs anything: the Triton interpreter on a
-machine without a GPU, and Hypothesis draws that depend on the seed alone.
+machine without a GPU (with its reductions folded by slices), and Hypothesis draws that depend on
+the seed alone.
 
 Both must happen before the first kernel import or the first Hypothesis draw, and the same way for
 every subcommand, so that ``run``, ``check``, ``backends`` and ``claims`` see the same backends and
@@ -13,8 +14,14 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["cuda_available", "seed_only_draws", "use_triton_interpreter_without_gpu"]
+__all__ = [
+    "cuda_available",
+    "fold_interpreter_reductions",
+    "seed_only_draws",
+    "use_triton_interpreter_without_gpu",
+]
 
 
 def cuda_available() -> bool:
@@ -44,6 +51,103 @@ def use_triton_interpreter_without_gpu() -> bool:
         return False
     os.environ["TRITON_INTERPRET"] = "1"
     return True
+
+
+def fold_interpreter_reductions() -> bool:
+    """Under Triton's interpreter (``TRITON_INTERPRET=1``), fold every reduction with a user
+    combine function by slices instead of element by element; returns whether it is installed.
+
+    The interpreter calls such a combine function once per element, on scalars
+    (``ReduceOps.generic_reduce``): a paired sum over a ``[128, 128]`` tile, as the recurrent
+    kernels make per token, is 16384 Python calls.  :func:`_fold_reduce` folds the same elements
+    in the same order, ``acc = x_0``, ``acc = f(acc, x_i)`` for ``i = 1, 2, …`` along the axis,
+    on whole slices: ``n − 1`` calls on tensors, and each output element sees the same float
+    operations in the same order, so the results are bit-identical
+    (``tests/test_interpreter_reduce.py``).  A combine function that cannot run on tensors (a
+    Python ``if`` on its arguments, which the interpreter would take as true for a whole
+    slice) runs the interpreter's own fold.  Uses the interpreter's
+    private class; where it is absent, nothing changes.  Must run after the variable is set."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
+        return False
+    try:
+        from triton.runtime import interpreter
+    except Exception:
+        return False
+    ops = getattr(interpreter, "ReduceOps", None)
+    if ops is None or not all(hasattr(ops, n) for n in ("generic_reduce", "unravel", "to_tensor")):
+        return False
+    if getattr(ops, "_element_fold", None) is None:
+        ops._element_fold = ops.generic_reduce
+        ops.generic_reduce = _fold_reduce
+    return True
+
+
+def _fold_reduce(self: Any, input: tuple[Any, ...]) -> list[Any]:
+    """``ReduceOps.generic_reduce`` by slices (:func:`fold_interpreter_reductions`); the same
+    arguments and results."""
+    import triton.language as tl
+
+    # The interpreter makes any tensor of more than one element true; inside the fold a
+    # combine function that branches on its arguments (defined on scalars only) must not
+    # branch on a slice, so such a truth test raises and the element fold runs instead.
+    tensor = tl.core.tensor
+    truth = tensor.__dict__.get("__bool__")
+
+    def one_element_truth(t: Any) -> bool:
+        if t.handle.data.size != 1:
+            raise TypeError("a combine function branched on a slice")
+        return bool(t.handle.data)
+
+    tensor.__bool__ = one_element_truth  # type: ignore[method-assign]
+    try:
+        return _fold_by_slices(self, input)
+    except Exception:  # a combine function for scalars only: the interpreter's own fold
+        pass
+    finally:
+        if truth is None:
+            del tensor.__bool__
+        else:
+            tensor.__bool__ = truth  # type: ignore[method-assign]
+    return list(type(self)._element_fold(self, input))
+
+
+def _fold_by_slices(self: Any, input: tuple[Any, ...]) -> list[Any]:
+    import numpy as np
+    import triton.language as tl
+
+    original_axis = self.axis
+    input, axis = self.unravel(input, self.axis)
+    data = [arg.handle.data for arg in input]
+    shape = data[0].shape
+    out_shape = shape[:axis] + shape[axis + 1 :]
+    acc = [np.take(d, 0, axis=axis).astype(d.dtype) for d in data]
+    for i in range(1, shape[axis]):
+        left = tuple(self.to_tensor(a, x.dtype) for a, x in zip(acc, input, strict=True))
+        right = tuple(
+            self.to_tensor(np.take(d, i, axis=axis), x.dtype)
+            for d, x in zip(data, input, strict=True)
+        )
+        ret = self.combine_fn.fn(*left, *right)
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        acc = [
+            np.asarray(r.handle.data if isinstance(r, tl.core.tensor) else r)
+            .reshape(out_shape)
+            .astype(d.dtype)
+            for r, d in zip(ret, data, strict=True)
+        ]
+    results = []
+    for a, x in zip(acc, input, strict=True):
+        a = np.asarray(a).reshape(out_shape)
+        if self.keep_dims:
+            if original_axis is not None:
+                a = np.expand_dims(a, axis)
+            else:
+                for _ in range(len(shape)):
+                    a = np.expand_dims(a, 0)
+        elif original_axis is None:
+            a = a.item()
+        results.append(self.to_tensor(a, x.dtype))
+    return results
 
 
 @contextlib.contextmanager
