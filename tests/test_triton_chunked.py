@@ -413,6 +413,30 @@ def test_the_block_end_check_catches_wrong_block_starts() -> None:
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
 
 
+def test_training_forward_in_blocks_passes_the_check_as_inference_does() -> None:
+    """The training forward (inputs that need gradients: its kernels also store what the
+    backward reads) in blocks of 16 tokens passes the block-start check where the inference
+    forward does, with the same output and state bit for bit (the stores write other buffers
+    only); with wrong block starts (planted) the check fails in training too."""
+    inputs, _ = _inputs(70, 8, 8, seed=3)
+    t = [torch.tensor(x, dtype=torch.float32) for x in inputs]
+
+    def forward(grad: bool, bug: str | None = None):  # type: ignore[no-untyped-def]
+        x = [a.clone().requires_grad_(grad) for a in t]
+        o, state = tc.chunked_vla(*x, config=STRONG_NUDGE, chunk_size=16, penalty_block=16,
+                                  planted_bug=bug)  # fmt: skip
+        return [o.detach(), *(s.detach() for s in state)]
+
+    before = tc.BLOCK_START_FALLBACKS[0]
+    inference = forward(grad=False)
+    training = forward(grad=True)
+    assert tc.BLOCK_START_FALLBACKS[0] == before
+    for got, want in zip(training, inference, strict=True):
+        assert torch.equal(got, want)
+    forward(grad=True, bug="block_starts_without_nudges")
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+
+
 def test_non_finite_block_starts_fail_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Block starts that came out NaN (the products-only starts' solve reports no singular
     ``Θ``) fail the block-end check, whose comparisons are all false on NaN: the second pass
