@@ -42,7 +42,7 @@ def main() -> None:
     dev, dt = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
     cfg = VLAConfig()
     rows: list[dict[str, Any]] = []
-    rtol, eliminate = tc.BLOCK_START_RTOL, tc.PENALTY_ELIMINATION
+    rtol, factorisation = tc.BLOCK_START_RTOL, tc.PENALTY_FACTORISATION
 
     def forward(x: list[Any], save: bool, block: int | None = a.block) -> tuple[Any, Any]:
         o, (_, A, _), _ = tc._forward(*x, cfg, None, 0, 64, 16, block, "ieee", "float64", 0,
@@ -56,7 +56,7 @@ def main() -> None:
         x = grid_inputs(a.T, a.H, D, dev, dt)
         one = forward(x, False, 16 * -(-a.T // 16))[1]
         for elim in (False, True):
-            tc.PENALTY_ELIMINATION = elim
+            tc.PENALTY_FACTORISATION = "elimination" if elim else "factor_inverse"
             got = {}
             for save in (False, True):
                 before = tc.BLOCK_START_FALLBACKS[0]
@@ -78,7 +78,7 @@ def main() -> None:
                    "training_vs_inference_o": rel(got[True][0], got[False][0])}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
-        tc.PENALTY_ELIMINATION = eliminate
+        tc.PENALTY_FACTORISATION = factorisation
     rows += kernel_variants(a, dev, dt)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "block_check_training.json").write_text(
@@ -125,7 +125,7 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
                                 x = x_in.clone()
                                 real[grid](*args[:2], x, *args[3:], **{**kwargs,
                                            "SAVE_CKPT": ckpt, "SAVE_CHAIN": chain,
-                                           "ELIMINATE": elim})  # fmt: skip
+                                           "ELIMINATE": int(elim)})  # fmt: skip
                                 ends.setdefault((elim, ckpt, chain), []).append(x)
                 for (elim, ckpt, chain), (x, again) in ends.items():
                     ref = ends[(elim, False, False)][0]

@@ -695,13 +695,14 @@ def minimal(out: dict[str, Any]) -> None:
                 RUN["path"].write_text(json.dumps(out, indent=1))
 
 
-#: The forward's penalty-chain variants of ``--chain-variants``: (name, PENALTY_ELIMINATION,
+#: The forward's penalty-chain variants of ``--chain-variants``: (name, PENALTY_FACTORISATION,
 #: penalty_dtype).
 CHAIN_VARIANTS = (
-    ("factor_inverse", False, "float64"),
-    ("elimination", True, "float64"),
-    ("factor_inverse_f32", False, "float32"),
-    ("elimination_f32", True, "float32"),
+    ("factor_inverse", "factor_inverse", "float64"),
+    ("elimination", "elimination", "float64"),
+    ("elimination_by_rows", "elimination_by_rows", "float64"),
+    ("factor_inverse_f32", "factor_inverse", "float32"),
+    ("elimination_f32", "elimination", "float32"),
 )
 
 
@@ -726,8 +727,9 @@ def chain_variants(out: dict[str, Any]) -> None:
         x = _inputs(1, T, H, D, dt, dev)
         args = tuple(x[n] for n in "qkvu")
         base = None
-        for name, eliminate, pd in CHAIN_VARIANTS:
-            tc.PENALTY_ELIMINATION = eliminate
+        default = tc.PENALTY_FACTORISATION
+        for name, factorisation, pd in CHAIN_VARIANTS:
+            tc.PENALTY_FACTORISATION = factorisation
             try:
 
                 def fwd(pd: str = pd, args: tuple[Any, ...] = args) -> Any:
@@ -756,7 +758,7 @@ def chain_variants(out: dict[str, Any]) -> None:
                 rows.append({"D": D, "T": T, "variant": name, "error": repr(exc)[:400]})
                 _log("chain variant failed", name, D, repr(exc)[:400])
             finally:
-                tc.PENALTY_ELIMINATION = False
+                tc.PENALTY_FACTORISATION = default
             if RUN.get("path"):
                 RUN["path"].write_text(json.dumps(out, indent=1))
         del x, args, base

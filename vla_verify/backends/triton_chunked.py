@@ -104,13 +104,19 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
-#: Whether the penalty chain takes ``W = L^{-1} Y`` and the pivots by one elimination on
-#: ``[I + G | Y]`` (``P`` dependent steps a chunk) instead of the factorisation, the inverse of
-#: ``L`` and a product (``2P − 1`` steps and the product).  The chunk's time grows with ``P``
-#: (above), so its dependent steps, not its products, set it.  On the H200 (B = 1, H = 16, bf16,
-#: T = 16384, paper preset, side by side; ``benchmarks/results/h200/chain_variants.json``) the
-#: penalty kernel takes 1.09 against 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.
-PENALTY_ELIMINATION = True
+#: How the penalty chain forms ``W = L^{-1} Y`` and the pivots of each chunk: ``"elimination"``,
+#: one elimination on ``[I + G | Y]`` (``P`` dependent steps a chunk), rather than
+#: ``"factor_inverse"``, the factorisation, the inverse of ``L`` and a product (``2P − 1`` steps
+#: and the product).  The chunk's time grows with ``P`` (above), so its dependent steps, not its
+#: products, set it.  On the H200 (B = 1, H = 16, bf16, T = 16384, paper preset, side by side;
+#: ``benchmarks/results/h200/chain_variants.json``) the penalty kernel takes 1.09 against
+#: 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.  ``"elimination_by_rows"`` eliminates
+#: on ``I + G`` symmetrised from its lower triangle, each step's update from its pivot row and
+#: column as reduced: built for sm_90 (Triton 3.6) it has 3 barriers per step against 5
+#: (``docs/design/triton_chunked.md``, "The penalty chain"); not yet timed, so not the default.
+PENALTY_FACTORISATION = "elimination"
+#: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
+PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_by_rows")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
 #: width at least ``dk``): see :func:`penalty_block_length`.  The fastest measured on the H200
@@ -178,6 +184,7 @@ PLANTED_BUGS: dict[str, int] = {
     "elimination_unsolved_row": kernels.BUG_ELIMINATION_UNSOLVED_ROW,
     "saved_s_over_pivot": kernels.BUG_SAVED_S_OVER_PIVOT,
     "saved_normaliser_before_key": kernels.BUG_SAVED_NORMALISER_BEFORE_KEY,
+    "by_rows_unsymmetrised": kernels.BUG_BY_ROWS_UNSYMMETRISED,
 }
 
 
@@ -539,7 +546,8 @@ def _forward(
             CPB=(block if flag is None else CP * math.ceil(T / CP)) // CP, NCK=nck + 1,
             CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
-            SAVE_CHAIN=save_checkpoints, BKS=BKS, ELIMINATE=PENALTY_ELIMINATION, BUG=bug,
+            SAVE_CHAIN=save_checkpoints, BKS=BKS,
+            ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
             COND=flag is not None, num_warps=warps,
         )  # fmt: skip
         return X
