@@ -47,9 +47,11 @@ def _reduce_kernel(x_ptr, y_ptr, o1_ptr, o2_ptr, R: tl.constexpr, C: tl.constexp
         tl.store(o1_ptr + o, s)
         tl.store(o2_ptr + o, t)
     else:
-        tl.store(o1_ptr + o, tl.reduce(x, AXIS, _single))
-        # The whole tile to a scalar, then a 1-D fold of a 1-D tensor.
-        total = tl.reduce(tl.reshape(y, [R * C]), 0, _single)
+        # keep_dims, then the whole tile at once (axis None: the flattened tile) plus a 1-D
+        # fold of a 1-D tensor.
+        kept = tl.reduce(x, AXIS, _single, keep_dims=True)
+        tl.store(o1_ptr + o, tl.reshape(kept, [N]))
+        total = tl.reduce(y, None, _single) + tl.reduce(tl.reshape(x, [R * C]), 0, _single)
         tl.store(o2_ptr + o, tl.full([N], 0.0, tl.float32) + total)
 
 
