@@ -2,16 +2,16 @@
 
 In ``chunk_d128.json`` (D = 128, bf16, T = 4096 to 65536) every forward + backward call of
 ``triton_chunked`` counted a block-start fallback (the penalty chain again in one block), and no
-forward-only call did; under Triton's interpreter neither does (D = 16 to 128, T to 4096).  The
+forward-only call did; under Triton's interpreter neither does (D = 16 to 128, T to 4096). The
 training forward differs from the inference one only in what it stores for the backward
 (``save_checkpoints``: the penalty kernel's ``SAVE_CKPT``/``SAVE_CHAIN``, the read-out's
-``SAVE_CHAIN``).  This script runs ``_forward`` both ways, with the elimination and the
-factorisation, and reports per case the fallbacks, and with the check switched off the final
-``A`` of the blocked chain against the one-block chain's and training's against inference's: a
-training chain whose blocked end departs from the one-block end while inference's does not
-puts the fault in the stores of the training kernels.  Then (``kernel_variants``) the training
-forward's penalty kernel again with each combination of its stores and elimination, from the
-same block starts: which one changes the block ends.  Usage::
+``SAVE_CHAIN``). This script runs ``_forward`` both ways, with each of the penalty chain's
+factorisations (``PENALTY_FACTORISATIONS``), and reports per case the fallbacks, and with the check
+switched off the final ``A`` of the blocked chain against the one-block chain's and training's
+against inference's: a training chain whose blocked end departs from the one-block end while
+inference's does not puts the fault in the stores of the training kernels. Then
+(``kernel_variants``) the training forward's penalty kernel again with each combination of its
+stores and factorisation, from the same block starts: which one changes the block ends. Usage::
 
     python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N]
 """
@@ -55,8 +55,8 @@ def main() -> None:
     for D in a.D:
         x = grid_inputs(a.T, a.H, D, dev, dt)
         one = forward(x, False, 16 * -(-a.T // 16))[1]
-        for elim in (False, True):
-            tc.PENALTY_FACTORISATION = "elimination" if elim else "factor_inverse"
+        for factorisation_case in tc.PENALTY_FACTORISATIONS:
+            tc.PENALTY_FACTORISATION = factorisation_case
             got = {}
             for save in (False, True):
                 before = tc.BLOCK_START_FALLBACKS[0]
@@ -68,12 +68,13 @@ def main() -> None:
                 finally:
                     tc.BLOCK_START_RTOL = rtol
                 blocks = -(-a.T // tc.penalty_block_length(a.T, 16, a.block, dk=D))
-                row = {"D": D, "T": a.T, "elimination": elim, "save_checkpoints": save,
+                row = {"D": D, "T": a.T, "factorisation": factorisation_case,
+                       "save_checkpoints": save,
                        "blocks": blocks, "fallbacks": fallbacks,
                        "A_unchecked_vs_one_block": rel(got[save][1], one)}  # fmt: skip
                 rows.append(row)
                 print(row, flush=True)
-            row = {"D": D, "T": a.T, "elimination": elim,
+            row = {"D": D, "T": a.T, "factorisation": factorisation_case,
                    "training_vs_inference_A": rel(got[True][1], got[False][1]),
                    "training_vs_inference_o": rel(got[True][0], got[False][0])}  # fmt: skip
             rows.append(row)
@@ -117,7 +118,7 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
                     return
                 x_in = args[2].clone()
                 ends: dict[tuple[bool, bool, bool], list[Any]] = {}
-                for elim in (False, True):
+                for elim in range(len(tc.PENALTY_FACTORISATIONS)):
                     for ckpt in (False, True):
                         for chain in (False, True):
                             # Twice: a race inside a program shows as two different ends.
@@ -125,12 +126,13 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
                                 x = x_in.clone()
                                 real[grid](*args[:2], x, *args[3:], **{**kwargs,
                                            "SAVE_CKPT": ckpt, "SAVE_CHAIN": chain,
-                                           "ELIMINATE": int(elim)})  # fmt: skip
+                                           "ELIMINATE": elim})  # fmt: skip
                                 ends.setdefault((elim, ckpt, chain), []).append(x)
                 for (elim, ckpt, chain), (x, again) in ends.items():
                     ref = ends[(elim, False, False)][0]
                     scale = ref.abs().max()
-                    rows.append({"D": kwargs["DK"], "kernel_elimination": elim,
+                    rows.append({"D": kwargs["DK"],
+                                 "factorisation": tc.PENALTY_FACTORISATIONS[elim],
                                  "SAVE_CKPT": ckpt, "SAVE_CHAIN": chain,
                                  "X_vs_no_stores": float((x - ref).abs().max() / scale),
                                  "X_run_vs_rerun": float((x - again).abs().max() / scale),
