@@ -127,14 +127,23 @@ def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
 
 
 @triton.jit
-def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr):
+def _ldl_solve_clamped(
+    M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr, BY_ROWS: tl.constexpr = False
+):
     """``W = L^{-1} Y`` and the pivots ``d`` of ``M = L D Lᵀ`` (``[C, C]``, its lower triangle
     read, every pivot clamped ``d_j = max(d_j, floor)``), by elimination on ``[M | Y]``: step
     ``j`` subtracts ``L_rj`` times the already solved row ``j`` of ``Y`` from every row
     ``r > j``.  One pass of ``C`` steps (two dependent reductions each: the column, then its
     pivot) instead of the factorisation's ``C`` and the inverse's ``C − 1``, and no product
     ``L^{-1} Y`` after them; the same multiply-adds.  Returns ``(W, d, d_raw)``, ``d_raw`` the
-    pivots before the clamp."""
+    pivots before the clamp.
+
+    ``BY_ROWS``: ``M`` symmetric (all of it read).  Step ``j`` also reduces row ``j`` over its
+    columns (the column's numbers, one per column) and forms the trailing update
+    ``M -= piv · l lᵀ`` from the column and the row, so that neither vector changes layout
+    between the reductions and the update (without it the multipliers pass through shared
+    memory once per step).  The update is exactly symmetric (``l_r l_c = l_c l_r``), so ``M``
+    stays symmetric and the row holds the column's numbers at every step."""
     d = tl.full([C], 1.0, M.dtype)
     d_raw = tl.full([C], 1.0, M.dtype)
     Y0 = Y
@@ -149,37 +158,11 @@ def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constex
         lcol = tl.where(rows > j, col / piv, 0.0)
         d = tl.where(rows == j, piv, d)
         d_raw = tl.where(rows == j, raw, d_raw)
-        M = M - piv * (lcol[:, None] * lcol[None, :])
-        Y = Y - lcol[:, None] * yj[None, :]
-    return Y, d, d_raw
-
-
-@triton.jit
-def _ldl_solve_clamped_by_rows(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr):
-    """:func:`_ldl_solve_clamped` on a symmetric ``M`` (all of it read): step ``j`` reduces
-    column ``j`` of ``M`` over its rows (the multipliers, one per row) and row ``j`` over its
-    columns (the same numbers, one per column) and forms the trailing update
-    ``M -= piv · l lᵀ`` from the two, so that neither vector changes layout between the
-    reductions and the update (one conversion through shared memory per step in
-    :func:`_ldl_solve_clamped`).  The update is exactly symmetric (``l_r l_c = l_c l_r``), so
-    ``M`` stays symmetric and the row holds the column's numbers at every step."""
-    d = tl.full([C], 1.0, M.dtype)
-    d_raw = tl.full([C], 1.0, M.dtype)
-    Y0 = Y
-    for j in range(C):
-        col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
-        row = tl.sum(tl.where(rows[:, None] == j, M, 0.0), axis=0)  # row j, over columns
-        if BUG == 7:  # BUG_ELIMINATION_UNSOLVED_ROW (a jit function reads literals only)
-            yj = tl.sum(tl.where(rows[:, None] == j, Y0, 0.0), axis=0)
+        if BY_ROWS:
+            row = tl.sum(tl.where(rows[:, None] == j, M, 0.0), axis=0)  # row j, over columns
+            M = M - piv * (lcol[:, None] * tl.where(cols > j, row / piv, 0.0)[None, :])
         else:
-            yj = tl.sum(tl.where(rows[:, None] == j, Y, 0.0), axis=0)  # row j of Y, solved
-        raw = tl.sum(tl.where(rows == j, col, 0.0), axis=0)
-        piv = tl.maximum(raw, floor)
-        lcol = tl.where(rows > j, col / piv, 0.0)
-        lrow = tl.where(cols > j, row / piv, 0.0)
-        d = tl.where(rows == j, piv, d)
-        d_raw = tl.where(rows == j, raw, d_raw)
-        M = M - piv * (lcol[:, None] * lrow[None, :])
+            M = M - piv * (lcol[:, None] * lcol[None, :])
         Y = Y - lcol[:, None] * yj[None, :]
     return Y, d, d_raw
 
@@ -291,7 +274,7 @@ def penalty_chain_kernel(
             Gt = tl.dot(Y, tl.trans(U), input_precision="ieee", out_dtype=PD)  # Gt[t, j] = G[j, t]
             if BUG != 10:  # BUG_BY_ROWS_UNSYMMETRISED (a jit function reads literals only)
                 G = tl.where(tril, G, Gt)
-            W, d, d_raw = _ldl_solve_clamped_by_rows(eye + G, Y, ot, ot, floor, CP, BUG)
+            W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG, True)
         elif ELIMINATE == 1:
             W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
         else:
