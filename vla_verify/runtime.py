@@ -65,8 +65,8 @@ def fold_interpreter_reductions() -> bool:
     operations in the same order, so the results are bit-identical
     (``tests/test_interpreter_reduce.py``).  A combine function that cannot run on tensors (a
     Python ``if`` on its arguments, which the interpreter would take as true for a whole
-    slice) runs the interpreter's own fold.  Uses the interpreter's
-    private class; where it is absent, nothing changes.  Must run after the variable is set."""
+    slice) runs the interpreter's own fold.  Uses the interpreter's private class; where it is
+    absent, nothing changes.  Must run after the variable is set."""
     if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
         return False
     try:
@@ -112,6 +112,8 @@ def _fold_reduce(self: Any, input: tuple[Any, ...]) -> list[Any]:
 
 
 def _fold_by_slices(self: Any, input: tuple[Any, ...]) -> list[Any]:
+    """The left fold along the reduced axis, one combine call per slice; then the output packed
+    as ``generic_reduce`` packs it (``keep_dims``, a scalar for ``axis=None``)."""
     import numpy as np
     import triton.language as tl
 
