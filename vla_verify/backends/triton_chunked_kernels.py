@@ -314,15 +314,22 @@ def penalty_chain_kernel(
             Xb = Xb - tl.dot(WsbT, W, input_precision="ieee", out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
             tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
-            if SAVE_CKPT:
-                # The backward's checkpoints (the recurrent adjoint's layout): A after every
-                # CKE tokens inside the sequence; slot 0 and the last are the caller's.
-                t_end = (c + 1) * CP
-                if (t_end % CKE == 0) & (t_end < T):
-                    cm = (cb[:, None] < DK) & (ok[None, :] < DK)
-                    cp_ = cka_ptr + ((bh * NCK + t_end // CKE) * DK + cb[:, None]) * DK
-                    tl.store(cp_ + ok[None, :], Xb.to(tl.float32), mask=cm)
         tl.debug_barrier()
+        if SAVE_CKPT:
+            # The backward's checkpoints (the recurrent adjoint's layout): A after every CKE
+            # tokens inside the sequence; slot 0 and the last are the caller's.  Read back from
+            # the scratch after the update rather than stored from inside it: at BK = 128 the
+            # store inside the update's loop, with SAVE_CHAIN's, made the chain non-finite on
+            # sm_90 (benchmarks/gpu/block_check_training.py).
+            t_end = (c + 1) * CP
+            if (t_end % CKE == 0) & (t_end < T):
+                slot = bh.to(tl.int64) * NCK + t_end // CKE
+                for kb in tl.static_range(BK // BKB):
+                    cb = kb * BKB + okb
+                    cm = (cb[:, None] < DK) & (ok[None, :] < DK)
+                    Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
+                    cp_ = cka_ptr + (slot * DK + cb[:, None]) * DK + ok[None, :]
+                    tl.store(cp_, Xb.to(tl.float32), mask=cm)
 
 
 @triton.jit
