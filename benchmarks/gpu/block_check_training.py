@@ -13,7 +13,7 @@ inference's does not puts the fault in the stores of the training kernels. Then
 (``kernel_variants``) the training forward's penalty kernel again with each combination of its
 stores and factorisation, from the same block starts: which one changes the block ends. Usage::
 
-    python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N]
+    python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N] [--commit SHA]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--block", type=int, default=None, help="penalty_block (default: the plan's)")
+    ap.add_argument("--commit", default=None, help="the commit measured (a copy without git)")
     a = ap.parse_args()
     import torch
 
@@ -83,7 +84,7 @@ def main() -> None:
     rows += kernel_variants(a, dev, dt)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "block_check_training.json").write_text(
-        json.dumps({"machine": machine_info(), "rows": rows}, indent=1)
+        json.dumps({"machine": {**machine_info(), "commit": a.commit}, "rows": rows}, indent=1)
     )
 
 
