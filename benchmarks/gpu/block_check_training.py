@@ -13,7 +13,8 @@ inference's does not puts the fault in the stores of the training kernels. Then
 (``kernel_variants``) the training forward's penalty kernel again with each combination of its
 stores and factorisation, from the same block starts: which one changes the block ends. Usage::
 
-    python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N] [--commit SHA]
+    python benchmarks/gpu/block_check_training.py --out DIR [--D 64 128] [--T 4096] [--block N]
+        [--commit SHA]
 """
 
 from __future__ import annotations

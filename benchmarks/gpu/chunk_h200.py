@@ -700,7 +700,6 @@ def minimal(out: dict[str, Any]) -> None:
 CHAIN_VARIANTS = (
     ("factor_inverse", "factor_inverse", "float64"),
     ("elimination", "elimination", "float64"),
-    ("elimination_by_rows", "elimination_by_rows", "float64"),
     ("factor_inverse_f32", "factor_inverse", "float32"),
     ("elimination_f32", "elimination", "float32"),
 )

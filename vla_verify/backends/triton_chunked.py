@@ -110,13 +110,11 @@ DEFAULT_PENALTY_CHUNK = 16
 #: and the product).  The chunk's time grows with ``P`` (above), so its dependent steps, not its
 #: products, set it.  On the H200 (B = 1, H = 16, bf16, T = 16384, paper preset, side by side;
 #: ``benchmarks/results/h200/chain_variants.json``) the penalty kernel takes 1.09 against
-#: 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.  ``"elimination_by_rows"`` eliminates
-#: on ``I + G`` symmetrised from its lower triangle, each step's update from its pivot row and
-#: column as reduced: built for sm_90 (Triton 3.6) it has 3 barriers per step against 5
-#: (``docs/design/triton_chunked.md``, "The penalty chain"); not yet timed, so not the default.
+#: 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.  (An elimination with fewer barriers
+#: per step, slower on the H100: ``docs/design/triton_chunked.md``, "What runs", step 1.)
 PENALTY_FACTORISATION = "elimination"
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
-PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_by_rows")
+PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
 #: width at least ``dk``): see :func:`penalty_block_length`.  The fastest measured on the H200
@@ -184,7 +182,6 @@ PLANTED_BUGS: dict[str, int] = {
     "elimination_unsolved_row": kernels.BUG_ELIMINATION_UNSOLVED_ROW,
     "saved_s_over_pivot": kernels.BUG_SAVED_S_OVER_PIVOT,
     "saved_normaliser_before_key": kernels.BUG_SAVED_NORMALISER_BEFORE_KEY,
-    "by_rows_unsymmetrised": kernels.BUG_BY_ROWS_UNSYMMETRISED,
 }
 
 

@@ -18,10 +18,8 @@ The launches, in this order:
        W = L^{-1} Y  (rows s_jᵀ)    α = KA − tril(K̂ (W D^{-1})ᵀ) W + c_t·K̂
 
    ``W`` and ``D`` come from the factorisation followed by the inverse of ``L`` and a product
-   (``ELIMINATE`` 0), from one elimination on ``[I + G | Y]`` (1: half the dependent steps,
-   faster on the H200) or from the same elimination on ``I + G`` symmetrised from its lower
-   triangle, each step's trailing update taken from its pivot row and column as reduced
-   (2: no layout conversion per step); ``PENALTY_FACTORISATION`` in :mod:`.triton_chunked`.
+   (``ELIMINATE`` 0) or from one elimination on ``[I + G | Y]`` (1: half the dependent steps,
+   faster on the H200); ``PENALTY_FACTORISATION`` in :mod:`.triton_chunked`.
        X ← X − (W D^{-1})ᵀ W + c_C·I
 
    ``c_t`` is the isotropic shift of ``A_t = B_t + c_t·I`` inside the chunk: the nudges that
@@ -77,7 +75,7 @@ BUG_UNCHECKED_BLOCK_STARTS = 4
 BUG_MATRIX_NUDGE_FIRST = 5
 #: In :func:`state_prep_kernel` (chunks of 64): ``T_20`` without its ``N_21 T_10`` term.
 BUG_UT_BLOCK_TERM = 6
-#: In the penalty chain's elimination (``ELIMINATE`` 1 or 2): each step subtracts row ``j`` of
+#: In the penalty chain's elimination (``ELIMINATE`` 1): each step subtracts row ``j`` of
 #: ``Y`` as loaded, not as solved (``W = Y − stril(L) Y`` instead of ``L^{-1} Y``).
 BUG_ELIMINATION_UNSOLVED_ROW = 7
 #: In the per-token values kept for the backward (``SAVE_CHAIN``): ``s_t / δ_t`` stored as
@@ -85,9 +83,6 @@ BUG_ELIMINATION_UNSOLVED_ROW = 7
 BUG_SAVED_S_OVER_PIVOT = 8
 #: The same: the read-out normaliser's ``z_tᵀq_t`` stored as ``z_{t-1}ᵀq_t``.
 BUG_SAVED_NORMALISER_BEFORE_KEY = 9
-#: In the elimination by rows (``ELIMINATE`` 2): ``I + G`` as formed, its upper triangle not
-#: taken from the lower (with nudges inside the chunk they differ).
-BUG_BY_ROWS_UNSYMMETRISED = 10
 
 
 @triton.jit
@@ -127,23 +122,14 @@ def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
 
 
 @triton.jit
-def _ldl_solve_clamped(
-    M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr, BY_ROWS: tl.constexpr = False
-):
+def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constexpr):
     """``W = L^{-1} Y`` and the pivots ``d`` of ``M = L D Lᵀ`` (``[C, C]``, its lower triangle
     read, every pivot clamped ``d_j = max(d_j, floor)``), by elimination on ``[M | Y]``: step
     ``j`` subtracts ``L_rj`` times the already solved row ``j`` of ``Y`` from every row
     ``r > j``.  One pass of ``C`` steps (two dependent reductions each: the column, then its
     pivot) instead of the factorisation's ``C`` and the inverse's ``C − 1``, and no product
     ``L^{-1} Y`` after them; the same multiply-adds.  Returns ``(W, d, d_raw)``, ``d_raw`` the
-    pivots before the clamp.
-
-    ``BY_ROWS``: ``M`` symmetric (all of it read).  Step ``j`` also reduces row ``j`` over its
-    columns (the column's numbers, one per column) and forms the trailing update
-    ``M -= piv · l lᵀ`` from the column and the row, so that neither vector changes layout
-    between the reductions and the update (without it the multipliers pass through shared
-    memory once per step).  The update is exactly symmetric (``l_r l_c = l_c l_r``), so ``M``
-    stays symmetric and the row holds the column's numbers at every step."""
+    pivots before the clamp."""
     d = tl.full([C], 1.0, M.dtype)
     d_raw = tl.full([C], 1.0, M.dtype)
     Y0 = Y
@@ -158,11 +144,7 @@ def _ldl_solve_clamped(
         lcol = tl.where(rows > j, col / piv, 0.0)
         d = tl.where(rows == j, piv, d)
         d_raw = tl.where(rows == j, raw, d_raw)
-        if BY_ROWS:
-            row = tl.sum(tl.where(rows[:, None] == j, M, 0.0), axis=0)  # row j, over columns
-            M = M - piv * (lcol[:, None] * tl.where(cols > j, row / piv, 0.0)[None, :])
-        else:
-            M = M - piv * (lcol[:, None] * lcol[None, :])
+        M = M - piv * (lcol[:, None] * lcol[None, :])
         Y = Y - lcol[:, None] * yj[None, :]
     return Y, d, d_raw
 
@@ -199,7 +181,7 @@ def penalty_chain_kernel(
     SAVE_CKPT: tl.constexpr,
     SAVE_CHAIN: tl.constexpr,
     BKS: tl.constexpr,  # the row width of kh, sv (the recurrent backward's key tile, <= BK)
-    ELIMINATE: tl.constexpr,  # 0, 1 or 2 (module docstring, step 1)
+    ELIMINATE: tl.constexpr,  # 0 or 1: PENALTY_FACTORISATIONS (module docstring, step 1)
     BUG: tl.constexpr,
     COND: tl.constexpr = False,
 ):
@@ -268,14 +250,7 @@ def penalty_chain_kernel(
         Y = Y + c_before[:, None] * U
         G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
-        if ELIMINATE == 2:
-            # G's upper triangle from the transposed product: with nudges inside the chunk only
-            # the lower triangle is the matrix that is factorised (module docstring).
-            Gt = tl.dot(Y, tl.trans(U), input_precision="ieee", out_dtype=PD)  # Gt[t, j] = G[j, t]
-            if BUG != 10:  # BUG_BY_ROWS_UNSYMMETRISED (a jit function reads literals only)
-                G = tl.where(tril, G, Gt)
-            W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG, True)
-        elif ELIMINATE == 1:
+        if ELIMINATE:
             W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
         else:
             Lm, d, d_raw = _ldl_clamped(eye + G, ot, ot, floor, CP)
