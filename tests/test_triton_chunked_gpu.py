@@ -1,0 +1,71 @@
+"""The Triton chunked backend ``triton_chunked`` built for a CUDA GPU: what only the compiled
+kernels can get wrong (skipped without a GPU and under Triton's interpreter; the interpreter's
+tests are ``tests/test_triton_chunked.py``).
+
+The training forward stores what the backward reads (the penalty kernel's ``A`` checkpoints and
+per-token chain values, the read-out's values) and must otherwise be the inference forward.  A
+build of the penalty kernel with both of its stores at D = 128 left the chain non-finite on
+sm_90 while either store alone did not (``benchmarks/results/h100/block_check_training_fcb06ea
+.json``), and under the interpreter both ways agree: so the comparison runs here, at the sizes
+of the GPU plans.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from vla_verify import VLAConfig  # noqa: E402
+
+tc = pytest.importorskip("vla_verify.backends.triton_chunked")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.triton,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(tc.interpreted(), reason="the compiled kernels (TRITON_INTERPRET unset)"),
+]
+
+
+def _inputs(T: int, H: int, D: int, seed: int = 0) -> list[torch.Tensor]:
+    """Layer-like bf16 inputs ``[1, T, H, D]`` (spec §2.5): positive q, k; ``‖u‖² = 1/D``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (1, T, H, D)
+    q, k = (torch.exp(0.5 * torch.randn(shape, device="cuda", generator=g)) for _ in range(2))
+    v = torch.randn(shape, device="cuda", generator=g)
+    u = torch.randn(shape, device="cuda", generator=g)
+    u = u / u.norm(dim=-1, keepdim=True) / D**0.5
+    return [x.to(torch.bfloat16) for x in (q, k, v, u)]
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_training_forward_is_the_inference_forward(D: int) -> None:
+    """At T = 4096 in blocks (the plan's), the paper preset: the forward with inputs that need
+    gradients gives the inference forward's output and state bit for bit, finite, with no
+    block-start fallback, and finite gradients; with planted wrong block starts the check
+    fails in training too (the fallback counted)."""
+    x0 = _inputs(4096, 16, D)
+    config = VLAConfig()
+
+    Tensors = list[torch.Tensor]
+
+    def forward(grad: bool, bug: str | None = None) -> tuple[Tensors, Tensors]:
+        x = [a.clone().requires_grad_(grad) for a in x0]
+        o, state = tc.chunked_vla(*x, config=config, planted_bug=bug)
+        return [o, *state], x
+
+    before = tc.BLOCK_START_FALLBACKS[0]
+    inference, _ = forward(grad=False)
+    training, leaves = forward(grad=True)
+    assert tc.BLOCK_START_FALLBACKS[0] == before
+    for name, got, want in zip(("o", "S", "A", "z"), training, inference, strict=True):
+        assert torch.isfinite(got).all(), name
+        assert torch.equal(got.detach(), want), name
+    do = torch.randn_like(training[0])
+    grads = torch.autograd.grad(training[0], leaves, do)
+    for name, g in zip("qkvu", grads, strict=True):
+        assert torch.isfinite(g).all(), f"d{name}"
+    forward(grad=True, bug="block_starts_without_nudges")
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
