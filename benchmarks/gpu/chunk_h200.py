@@ -696,12 +696,16 @@ def minimal(out: dict[str, Any]) -> None:
 
 
 #: The forward's penalty-chain variants of ``--chain-variants``: (name, PENALTY_FACTORISATION,
-#: penalty_dtype).
-CHAIN_VARIANTS = (
-    ("factor_inverse", "factor_inverse", "float64"),
-    ("elimination", "elimination", "float64"),
-    ("factor_inverse_f32", "factor_inverse", "float32"),
-    ("elimination_f32", "elimination", "float32"),
+#: penalty_dtype, PENALTY_CHAIN_WARPS by key tile width, or None: the default).
+CHAIN_VARIANTS: tuple[tuple[str, str, str, dict[int, int] | None], ...] = (
+    ("factor_inverse", "factor_inverse", "float64", None),
+    ("elimination", "elimination", "float64", None),
+    # Half the warps at both widths; twice at 64 (16 warps at 128 build with 64 registers and
+    # 1344 bytes of stack per thread: not tried).
+    ("elimination_half_warps", "elimination", "float64", {64: 2, 128: 4}),
+    ("elimination_8_warps", "elimination", "float64", {64: 8}),
+    ("factor_inverse_f32", "factor_inverse", "float32", None),
+    ("elimination_f32", "elimination", "float32", None),
 )
 
 
@@ -726,9 +730,10 @@ def chain_variants(out: dict[str, Any]) -> None:
         x = _inputs(1, T, H, D, dt, dev)
         args = tuple(x[n] for n in "qkvu")
         base = None
-        default = tc.PENALTY_FACTORISATION
-        for name, factorisation, pd in CHAIN_VARIANTS:
+        default, default_warps = tc.PENALTY_FACTORISATION, tc.PENALTY_CHAIN_WARPS
+        for name, factorisation, pd, warps in CHAIN_VARIANTS:
             tc.PENALTY_FACTORISATION = factorisation
+            tc.PENALTY_CHAIN_WARPS = default_warps if warps is None else warps
             try:
 
                 def fwd(pd: str = pd, args: tuple[Any, ...] = args) -> Any:
@@ -757,7 +762,7 @@ def chain_variants(out: dict[str, Any]) -> None:
                 rows.append({"D": D, "T": T, "variant": name, "error": repr(exc)[:400]})
                 _log("chain variant failed", name, D, repr(exc)[:400])
             finally:
-                tc.PENALTY_FACTORISATION = default
+                tc.PENALTY_FACTORISATION, tc.PENALTY_CHAIN_WARPS = default, default_warps
             if RUN.get("path"):
                 RUN["path"].write_text(json.dumps(out, indent=1))
         del x, args, base

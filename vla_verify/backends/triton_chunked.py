@@ -113,6 +113,13 @@ DEFAULT_PENALTY_CHUNK = 16
 #: 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.  (An elimination with fewer barriers
 #: per step, slower on the H100: ``docs/design/triton_chunked.md``, "What runs", step 1.)
 PENALTY_FACTORISATION = "elimination"
+#: Warps of a penalty-chain program per key tile width, where they differ from the state
+#: kernels' (4 up to BK = 64, 8 above).  Fewer warps keep more of the float64 tiles on the stack
+#: (sm_90, Triton 3.6, in inference: 848 / 152 / 24 / 0 bytes per thread with 1 / 2 / 4 / 8
+#: warps at BK = 64, 2040 / 352 / 176 / 1344 with 2 / 4 / 8 / 16 at 128,
+#: ``benchmarks/preflight_sm90.py``), more warps spread the chunk's short reductions across more
+#: of them; untimed, so the state kernels' count (``chunk_h200.py --chain-variants`` times them).
+PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
@@ -545,7 +552,7 @@ def _forward(
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
             SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
-            COND=flag is not None, num_warps=warps,
+            COND=flag is not None, num_warps=PENALTY_CHAIN_WARPS.get(BK, warps),
         )  # fmt: skip
         return X
 
