@@ -711,3 +711,22 @@ def test_pivots_without_their_floor_are_rejected(
     monkeypatch.setattr(tc, "_recurrent_adjoint", planted)
     with pytest.raises(AssertionError):
         test_gradients_with_floored_denominators()
+
+
+def test_offsets_past_32_bits_are_refused() -> None:
+    """A request whose offsets inside one batch element pass 2**31 − 1 (the kernels index a
+    token in 32 bits) is refused naming ``q``, by :func:`chunked_vla` and the registry backend,
+    before any buffer is allocated (the inputs here are broadcast views, no memory); one token
+    less is accepted by the check."""
+    from vla_verify.backends.triton_common import MAX_OFFSET, offsets_reason
+
+    H, D = 16, 128
+    T = MAX_OFFSET // (H * D) - 64 + 1  # (T + 64)·H·D just past the limit
+    assert offsets_reason(T - 1, H, D, D) is None
+    assert offsets_reason(T, H, D, D) is not None
+    x = torch.zeros((), dtype=torch.bfloat16).expand(1, T, H, D)
+    with pytest.raises(UnsupportedConfigurationError) as err:
+        tc.chunked_vla(x, x, x, x)
+    assert err.value.argument == "q" and "32-bit" in str(err.value)
+    with pytest.raises(UnsupportedConfigurationError, match="32-bit"):
+        backends.get("triton_chunked")(x, x, x, x)

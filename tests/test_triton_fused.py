@@ -1336,3 +1336,20 @@ def test_gpu_long_sequence_is_finite() -> None:
     )
     o, state = tf.fused_recurrent_vla(*(x.bfloat16() for x in (q, k, v, u)))
     assert torch.isfinite(o).all() and all(torch.isfinite(s).all() for s in state)
+
+
+def test_offsets_past_32_bits_are_refused() -> None:
+    """As the chunked backend: past 2**31 − 1 offsets inside one batch element
+    :func:`fused_recurrent_vla`, its planted-bug form and the registry backend refuse the
+    request naming ``q`` (broadcast views: no memory)."""
+    from vla_verify.backends.triton_common import MAX_OFFSET
+
+    H, D = 16, 128
+    T = MAX_OFFSET // (H * D) - 64 + 1
+    x = torch.zeros((), dtype=torch.bfloat16).expand(1, T, H, D)
+    for fn in (_fused().fused_recurrent_vla, _fused().with_planted_bug("nudge_one_step_late")):
+        with pytest.raises(UnsupportedConfigurationError) as err:
+            fn(x, x, x, x)
+        assert err.value.argument == "q" and "32-bit" in str(err.value)
+    with pytest.raises(UnsupportedConfigurationError, match="32-bit"):
+        _backend()(x, x, x, x)

@@ -63,7 +63,7 @@ from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_chunked_kernels as kernels
 from . import triton_fused as fused
 from .registry import Capabilities
-from .triton_common import TritonKernelBackend, built_for_interpreter
+from .triton_common import TritonKernelBackend, built_for_interpreter, check_offsets
 from .triton_common import availability_reason as _availability_reason
 from .triton_fused_kernels import Bug, Downdate
 
@@ -756,7 +756,8 @@ def chunked_vla(
     Parameters
     ----------
     q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` — float32, bfloat16 or float16, one
-        dtype, on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); ``dk, dv <= 128``.
+        dtype, on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); ``dk, dv <= 128``;
+        ``(T + 64)·H·max(dk, dv) < 2**31`` (the kernels' offsets inside one batch element).
     config : :class:`VLAConfig` (default the paper preset); every field is honoured.
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
     start : tokens consumed before the call (spec §2.3: the nudge clock continues).
@@ -803,6 +804,7 @@ def chunked_vla(
         raise UnsupportedConfigurationError(
             _NAME, f"dk={shapes.dk}, dv={shapes.dv}: at most {MAX_HEAD_DIM}", argument="q"
         )
+    check_offsets(_NAME, shapes.T, shapes.H, shapes.dk, shapes.dv)
     if input_precision not in INPUT_PRECISIONS:
         raise UnsupportedConfigurationError(
             _NAME, f"input_precision must be one of {INPUT_PRECISIONS}, got {input_precision!r}",

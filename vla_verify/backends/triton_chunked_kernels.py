@@ -188,7 +188,7 @@ def penalty_chain_kernel(
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     blk = tl.program_id(1)
     NB = tl.num_programs(1)
     b = bh // H
@@ -334,7 +334,7 @@ def penalty_block_matrix_kernel(
     ``Θ ← Θ + Uᵀ (U Π)``, two float64 products per ``CH`` rows of the piece.  ``4 dk²``
     multiply-adds per token against ``16 dk³`` per piece for a product of the pieces' matrices
     (``16·dk / period`` times fewer at ``dk = 64``, ``period = 20`` before padding)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     blk = tl.program_id(1)
     cblk = tl.program_id(2)
     b = bh // H
@@ -467,7 +467,7 @@ def state_prep_kernel(
         if tl.load(flag_ptr) == 0:
             return
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # B·H·T·d may pass 2**31
     b = bh // H
     h = bh % H
     norm_eps = tl.load(params_ptr + 4).to(tl.float32)
@@ -544,7 +544,7 @@ def state_starts_kernel(
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     pv = tl.program_id(1)
     ot = tl.arange(0, C)
     ok = tl.arange(0, BK)
@@ -615,7 +615,7 @@ def state_output_kernel(
         if tl.load(flag_ptr) == 0:
             return
     c = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # B·H·T·d may pass 2**31
     pv = tl.program_id(2)
     b = bh // H
     h = bh % H

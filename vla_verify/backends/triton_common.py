@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..errors import UnsupportedConfigurationError
 from ..spec import VLAConfig
 from .registry import Backend
 
@@ -31,6 +32,33 @@ def availability_reason(interpreted: bool) -> str | None:
             "kernels; set it before the first import of triton"
         )
     return "no CUDA GPU and TRITON_INTERPRET is not set (TRITON_INTERPRET=1 runs it on CPU)"
+
+
+#: The largest offset inside one batch element and head that the kernels form in 32 bits.
+MAX_OFFSET = 2**31 - 1
+
+
+def offsets_reason(T: int, H: int, dk: int, dv: int) -> str | None:
+    """Why the kernels cannot index a request (``None`` if they can): the batch element and
+    head are indexed in 64 bits, a token inside them in 32, as ``t·H·d`` in the inputs'
+    ``[B, T, H, d]`` layout and ``t·BK`` in the per-head buffers (``BK ≤ 128``, ``T`` padded to
+    a chunk of at most 64 tokens), so those offsets must stay within :data:`MAX_OFFSET`."""
+    extent = (T + 64) * max(H * max(dk, dv), 128)
+    if extent <= MAX_OFFSET:
+        return None
+    return (
+        f"T={T}, H={H}, dk={dk}, dv={dv} need offsets (T + 64)·max(H·max(dk, dv), 128) = "
+        f"{extent} inside one batch element, above the kernels' 32-bit {MAX_OFFSET}; split the "
+        "sequence and carry the state (initial_state, start)"
+    )
+
+
+def check_offsets(backend: str, T: int, H: int, dk: int, dv: int) -> None:
+    """:func:`offsets_reason` as an :class:`~vla_verify.errors.UnsupportedConfigurationError`
+    naming ``q``."""
+    reason = offsets_reason(T, H, dk, dv)
+    if reason is not None:
+        raise UnsupportedConfigurationError(backend, reason, argument="q")
 
 
 class TritonKernelBackend(Backend):
@@ -69,4 +97,4 @@ class TritonKernelBackend(Backend):
                 "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
                 "triton); use CUDA tensors"
             )
-        return None
+        return offsets_reason(shapes.T, shapes.H, shapes.dk, shapes.dv)

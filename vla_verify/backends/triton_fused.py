@@ -42,7 +42,7 @@ from ..errors import DeviceError, UnsupportedConfigurationError
 from ..spec import VLAConfig, check_inputs, check_start
 from . import triton_fused_kernels as kernels
 from .registry import Capabilities
-from .triton_common import TritonKernelBackend, built_for_interpreter
+from .triton_common import TritonKernelBackend, built_for_interpreter, check_offsets
 from .triton_common import availability_reason as _availability_reason
 from .triton_fused_kernels import Bug, Downdate, Nudge
 
@@ -1366,7 +1366,8 @@ def fused_recurrent_vla(
     ----------
     q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` (spec §1), one float dtype (float32,
         bfloat16, float16 accumulate in float32; float64 in float64), on a CUDA device — or on
-        the CPU when Triton's interpreter is on.  ``dk, dv <= 128``.
+        the CPU when Triton's interpreter is on.  ``dk, dv <= 128``; ``(T + 64)·H·max(dk, dv)
+        < 2**31`` (the kernels' offsets inside one batch element).
     config : :class:`VLAConfig` (every field honoured; default the paper preset).
     initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
     start : the tokens consumed before this call (spec §2.3): the nudge follows token ``t`` of
@@ -1396,7 +1397,8 @@ def fused_recurrent_vla(
         interpreter, ``start`` for a negative one).
     """
     config = VLAConfig() if config is None else config
-    check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=check_finite)
+    shapes = check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=check_finite)
+    check_offsets(_NAME, shapes.T, shapes.H, shapes.dk, shapes.dv)
     start = check_start(start)
     return _apply(
         q, k, v, u, config, initial_state, start, checkpoint_every, downdate, plan, Bug.NONE
@@ -1422,7 +1424,8 @@ def with_planted_bug(bug: str) -> Callable[..., Any]:
         plan: RecurrentPlan | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         config = VLAConfig() if config is None else config
-        check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=False)
+        shapes = check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=False)
+        check_offsets(_NAME, shapes.T, shapes.H, shapes.dk, shapes.dv)
         return _apply(
             q, k, v, u, config, initial_state, check_start(start), checkpoint_every, downdate,
             plan, planted,
