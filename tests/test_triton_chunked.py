@@ -730,3 +730,29 @@ def test_offsets_past_32_bits_are_refused() -> None:
     assert err.value.argument == "q" and "32-bit" in str(err.value)
     with pytest.raises(UnsupportedConfigurationError, match="32-bit"):
         backends.get("triton_chunked")(x, x, x, x)
+
+
+def test_penalty_chain_warps_reach_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PENALTY_CHAIN_WARPS`` sets the penalty kernel's ``num_warps`` at its key tile width
+    (here BK = 32) and leaves the state kernels' count elsewhere; the interpreter ignores warps,
+    so the launch is recorded."""
+    real = tc.kernels.penalty_chain_kernel
+    warps: list[int] = []
+
+    class Recorded:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+                warps.append(kwargs["num_warps"])
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(tc.kernels, "penalty_chain_kernel", Recorded())
+    inputs, _ = _inputs(20, 8, 8)
+    x = [torch.tensor(a, dtype=torch.float32) for a in inputs]
+    tc.chunked_vla(*x, chunk_size=16)
+    monkeypatch.setattr(tc, "PENALTY_CHAIN_WARPS", {32: 2})
+    tc.chunked_vla(*x, chunk_size=16)
+    monkeypatch.setattr(tc, "PENALTY_CHAIN_WARPS", {64: 2})
+    tc.chunked_vla(*x, chunk_size=16)
+    assert warps == [4, 2, 4]
