@@ -298,7 +298,7 @@ def penalty_chain_kernel(
             # sm_90 (h100/block_check_training_fcb06ea.json; tests/test_triton_chunked_gpu.py).
             t_end = (c + 1) * CP
             if (t_end % CKE == 0) & (t_end < T):
-                slot = bh.to(tl.int64) * NCK + t_end // CKE
+                slot = bh * NCK + t_end // CKE
                 for kb in tl.static_range(BK // BKB):
                     cb = kb * BKB + okb
                     cm = (cb[:, None] < DK) & (ok[None, :] < DK)
