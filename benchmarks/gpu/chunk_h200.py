@@ -794,7 +794,10 @@ def block_variants(out: dict[str, Any]) -> None:
             base = None
             blocks = RUN["block_variant_blocks"]
             for block in blocks:
-                fwd = _variant(x, cfg, block)
+                if block is not None and block > T:
+                    continue
+                tokens = T if block == 0 else block  # 0: one block
+                fwd = _variant(x, cfg, tokens)
                 before = BLOCK_START_FALLBACKS[0]
                 try:
                     o = fwd().float()
@@ -803,7 +806,7 @@ def block_variants(out: dict[str, Any]) -> None:
                     diff = float((o - base).abs().max() / base.abs().max().clamp_min(1e-30))
                     row: dict[str, Any] = {
                         "D": D, "T": T, "penalty_block": block,
-                        "block_tokens": penalty_block_length(T, 16, block, dk=D),
+                        "block_tokens": penalty_block_length(T, 16, tokens, dk=D),
                         "rel_diff": diff, "median_ms": time_ms(fwd, device=dev),
                     }  # fmt: skip
                     row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
@@ -1115,6 +1118,33 @@ def main() -> None:
         "after it",
     )
     ap.add_argument(
+        "--block-variant-Ts",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="T",
+        help="--block-variants' lengths (default: "
+        + " ".join(map(str, RUN["block_variant_Ts"]))
+        + ")",
+    )
+    ap.add_argument(
+        "--block-variant-blocks",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="TOKENS",
+        help="--block-variants' block lengths besides the default (0: one block; default: "
+        + " ".join(str(b) for b in RUN["block_variant_blocks"] if b)
+        + ")",
+    )
+    ap.add_argument(
+        "--variant-D",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the variants' head widths (default: " + " ".join(map(str, RUN["variant_Ds"])) + ")",
+    )
+    ap.add_argument(
         "--host-trace",
         action="store_true",
         help="torch.profiler traces of the forward: wall against device time, the idle gaps "
@@ -1187,6 +1217,12 @@ def main() -> None:
         RUN["adjoint_check"] = a.adjoint_check
     if a.fwdbwd_chunked_max_T is not None:
         RUN["fwdbwd_chunked_max_T"] = a.fwdbwd_chunked_max_T
+    if a.block_variant_Ts:
+        RUN["block_variant_Ts"] = tuple(a.block_variant_Ts)
+    if a.block_variant_blocks:
+        RUN["block_variant_blocks"] = (None, *a.block_variant_blocks)
+    if a.variant_D:
+        RUN["variant_Ds"] = tuple(a.variant_D)
     from vla_verify.bench import machine_info
 
     out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "records": [],
