@@ -659,16 +659,46 @@ def test_ut_block_term_bug_is_rejected() -> None:
 
 
 def test_penalty_block_length_follows_the_measured_rows() -> None:
-    """The default block: at least the key width's row (1024 tokens up to 64 wide, 2048 up to
-    128), at most 16 blocks, a multiple of the penalty chunk; an explicit block is kept."""
+    """The default block off a GPU: one block up to the key width's row (1024 tokens up to 64
+    wide, 2048 up to 128), else at least its row (1024 / 512 tokens), at most 16 blocks, a
+    multiple of the penalty chunk; an explicit block is kept."""
     assert tc.penalty_block_length(16384, 16, dk=8) == 1024
     assert tc.penalty_block_length(16384, 16, dk=64) == 1024
-    assert tc.penalty_block_length(16384, 16, dk=65) == 2048
-    assert tc.penalty_block_length(16384, 16, dk=128) == 2048
+    assert tc.penalty_block_length(16384, 16, dk=65) == 1024
     assert tc.penalty_block_length(65536, 16, dk=64) == 4096
     assert tc.penalty_block_length(65536, 16, dk=128) == 4096
-    assert tc.penalty_block_length(1000, 48, dk=64) == 1056
+    assert tc.penalty_block_length(4096, 16, dk=128) == 512
+    assert tc.penalty_block_length(1024, 16, dk=64) == 1024
+    assert tc.penalty_block_length(2048, 16, dk=128) == 2048
+    assert tc.penalty_block_length(1000, 48, dk=64) == 1008  # one block, 21 chunks
     assert tc.penalty_block_length(16384, 16, 256, dk=128) == 256
+    assert tc.penalty_block_length(16384, 16, dk=64, heads=16, device="cpu") == 1024
+
+
+def test_penalty_blocks_fill_one_wave_of_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device the blocks are at most the penalty programs that run at once shared
+    among the heads: on 132 SMs of 65536 registers, 264 programs of 4 warps (D = 64) and 132 of
+    8 (D = 128), so at B·H = 16 16 and 8 blocks; past one wave of heads, one block."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(multi_processor_count=132, regs_per_multiprocessor=65536)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(tc, "_PROGRAMS_AT_ONCE", {})
+    assert tc._penalty_programs_at_once("cuda:0", 4) == 264
+    assert tc._penalty_programs_at_once("cuda:0", 8) == 132
+
+    def block(T: int, dk: int, heads: int) -> int:
+        return tc.penalty_block_length(T, 16, dk=dk, heads=heads, device="cuda:0")
+
+    assert [block(T, 128, 16) for T in (2048, 4096, 8192, 16384, 65536)] == [
+        2048, 512, 1024, 2048, 8192,
+    ]  # fmt: skip
+    assert [block(T, 64, 16) for T in (1024, 4096, 16384, 65536)] == [1024, 1024, 1024, 4096]
+    assert block(16384, 128, 132) == 16384
+    assert block(16384, 64, 64) == 4096  # 264 // 64 = 4 blocks
+    # More warps per program, fewer at once: 16 warps at D = 64 fit one to an SM.
+    monkeypatch.setattr(tc, "PENALTY_CHAIN_WARPS", {64: 16})
+    assert block(16384, 64, 16) == 2048
 
 
 def test_gradients_with_floored_denominators() -> None:

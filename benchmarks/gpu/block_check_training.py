@@ -69,7 +69,9 @@ def main() -> None:
                     got[save] = forward(x, save)
                 finally:
                     tc.BLOCK_START_RTOL = rtol
-                blocks = -(-a.T // tc.penalty_block_length(a.T, 16, a.block, dk=D))
+                blocks = -(
+                    -a.T // tc.penalty_block_length(a.T, 16, a.block, dk=D, heads=a.H, device=dev)
+                )
                 row = {"D": D, "T": a.T, "factorisation": factorisation_case,
                        "save_checkpoints": save,
                        "blocks": blocks, "fallbacks": fallbacks,

@@ -380,7 +380,7 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                            "mode": mode, "median_ms": ms}  # fmt: skip
                     if op == "vla_triton_chunked":
                         rec["penalty_dtype"] = _penalty_dtype(x, cfg)
-                        rec["block_tokens"] = penalty_block_length(T, 16, dk=D)
+                        rec["block_tokens"] = penalty_block_length(T, 16, dk=D, heads=H, device=dev)
                         rec["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
                     recs.append(rec)
                     _log(rec)
@@ -405,8 +405,8 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                 try:
                     ms = time_ms(_variant(x, cfg, block), device=dev)
                     fallbacks = BLOCK_START_FALLBACKS[0] - before
-                    var.append({"D": D, "T": T, "penalty_block": block,
-                                "block_tokens": penalty_block_length(T, 16, block, dk=D),
+                    tokens = penalty_block_length(T, 16, block, dk=D, heads=H, device=dev)
+                    var.append({"D": D, "T": T, "penalty_block": block, "block_tokens": tokens,
                                 "median_ms": ms, "block_start_fallbacks": fallbacks})  # fmt: skip
                     _log(var[-1])
                 except Exception as exc:
@@ -806,7 +806,8 @@ def block_variants(out: dict[str, Any]) -> None:
                     diff = float((o - base).abs().max() / base.abs().max().clamp_min(1e-30))
                     row: dict[str, Any] = {
                         "D": D, "T": T, "penalty_block": block,
-                        "block_tokens": penalty_block_length(T, 16, tokens, dk=D),
+                        "block_tokens": penalty_block_length(T, 16, tokens, dk=D, heads=H,
+                                                             device=dev),
                         "rel_diff": diff, "median_ms": time_ms(fwd, device=dev),
                     }  # fmt: skip
                     row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before

@@ -99,7 +99,9 @@ def matrices(out: dict[str, Any]) -> None:
         x = _inputs(1, T, H, D, torch.bfloat16, dev)
         u = x["u"].float()
         params = tc._params(cfg, u.device)
-        block = RUN["matrix_block"] or tc.penalty_block_length(T, tc.DEFAULT_PENALTY_CHUNK, dk=D)
+        block = RUN["matrix_block"] or tc.penalty_block_length(
+            T, tc.DEFAULT_PENALTY_CHUNK, dk=D, heads=H, device=dev
+        )
         P = int(cfg.nudge_period)
         u64 = u.permute(0, 2, 1, 3).reshape(H, T, D).double()
         kernel = functools.partial(

@@ -74,6 +74,7 @@ __all__ = [
     "INPUT_PRECISIONS",
     "MAX_HEAD_DIM",
     "MAX_PENALTY_BLOCKS",
+    "ONE_PENALTY_BLOCK_UP_TO",
     "PENALTY_DTYPES",
     "PLANTED_BUGS",
     "ChunkedVLAFunction",
@@ -124,17 +125,29 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
-#: width at least ``dk``): see :func:`penalty_block_length`.  The fastest measured on the H200
-#: (B = 1, H = 16, bf16, T = 16384, paper preset; ``benchmarks/results/h200/chunk.json``,
-#: "variants" and "variants_second_run"): at D = 64 blocks of 256 / 512 / 1024 / 2048 tokens
+#: width at least ``dk``): see :func:`penalty_block_length`.  Measured on the H200 (B = 1,
+#: H = 16, bf16, paper preset; ``benchmarks/results/h200/chunk.json``, "variants" and
+#: "variants_second_run", T = 16384): at D = 64 blocks of 256 / 512 / 1024 / 2048 tokens
 #: take 7.48 / 5.79 / 4.97 / 5.55 ms, one block of T tokens 18.6 ms (second run 7.28 / 5.58 /
 #: 4.82 / 5.34, 18.5); at D = 128 26.9 / 19.7 / 16.4 / 15.2 and 34.8 ms (26.2 / 19.1 / 15.8 /
-#: 14.4, 34.9).
-DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 2048}
-#: At most this many blocks.  At T = 65536, D = 64 (the same run) blocks of 512 / 1024 / 2048 /
-#: 4096 tokens (128 / 64 / 32 / 16 blocks) take 20.8 / 17.5 / 15.8 / 15.1 ms: past 16 blocks the
-#: penalty chain is no longer what the forward waits on, and more blocks cost their starts.
+#: 14.4, 34.9).  At D = 128, T = 4096 (``h200/chain_variants.json``, "block_variants") blocks
+#: of 128 / 256 / 512 tokens take 10.6 / 7.14 / **4.80** ms against 7.13 in two blocks of
+#: 2048: there the blocks were too few to fill the GPU (:func:`penalty_block_length`).
+DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 512}
+#: Up to this many tokens the chain runs in one block, per key width (as
+#: :data:`DEFAULT_PENALTY_BLOCK`): blocking costs about 2 ms of fixed work (the starts, their
+#: check, the second pass's launches).  At T = 1024 (``h200/chain_variants.json``) one block
+#: takes 1.44 ms at D = 64 against 3.34 in two blocks of 512, and 2.15 ms at D = 128 against
+#: 4.14 (two of 512), 3.87 (eight of 128).
+ONE_PENALTY_BLOCK_UP_TO: dict[int, int] = {64: 1024, 128: 2048}
+#: At most this many blocks.  At T = 65536, D = 64 (``chunk.json``) blocks of 512 / 1024 / 2048
+#: / 4096 tokens (128 / 64 / 32 / 16 blocks) take 20.8 / 17.5 / 15.8 / 15.1 ms: past 16 blocks
+#: the penalty chain is no longer what the forward waits on, and more blocks cost their starts.
 MAX_PENALTY_BLOCKS = 16
+#: Registers per thread of the penalty kernel: every build of it reaches the 255 that sm_90
+#: allows (``benchmarks/results/sm90/preflight_*.json``), allocated in units of 256 per thread
+#: of a warp, so at 4 warps two programs fit an SM's 65536 registers and at 8 warps one.
+_PENALTY_KERNEL_REGISTERS = 256
 #: The float64 chain's check of its products-only block starts: each block's end (the chain's
 #: own, from that block's start) and the next block's start agree to this relative error, or the
 #: chain runs again in one block from ``A_0`` (on the device, no host synchronisation).  The
@@ -223,18 +236,71 @@ def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
 
 
 def penalty_block_length(
-    T: int, penalty_chunk: int, penalty_block: int | None = None, *, dk: int = 64
+    T: int,
+    penalty_chunk: int,
+    penalty_block: int | None = None,
+    *,
+    dk: int = 64,
+    heads: int = 1,
+    device: torch.device | str | None = None,
 ) -> int:
-    """Tokens per penalty-chain block: ``penalty_block`` if given, else the smallest multiple of
-    ``penalty_chunk`` that is at least the key width's :data:`DEFAULT_PENALTY_BLOCK` and gives
-    at most :data:`MAX_PENALTY_BLOCKS` blocks over ``T`` tokens."""
+    """Tokens per penalty-chain block: ``penalty_block`` if given; else one block of ``T``
+    tokens (rounded up to ``penalty_chunk``) up to the key width's
+    :data:`ONE_PENALTY_BLOCK_UP_TO`; else the smallest multiple of ``penalty_chunk`` that is
+    at least the width's :data:`DEFAULT_PENALTY_BLOCK` and gives at most as many blocks as
+    the penalty kernel's programs that run at once on ``device`` share among the ``heads``
+    (``B·H``) sequences, and at most :data:`MAX_PENALTY_BLOCKS`.
+
+    Each block is one program walking its tokens one chunk after another, so the chain takes
+    as long as its longest walk times the waves of programs: past one wave more blocks only
+    add block starts (at D = 128, B·H = 16 on a 132-SM GPU: eight blocks, the fastest measured
+    at T = 4096 and 16384; :data:`DEFAULT_PENALTY_BLOCK`).  ``device`` ``None`` or not a CUDA
+    device: no limit but :data:`MAX_PENALTY_BLOCKS`."""
     if penalty_block is not None:
         return penalty_block
-    least = next((n for w, n in sorted(DEFAULT_PENALTY_BLOCK.items()) if dk <= w),
-                 max(DEFAULT_PENALTY_BLOCK.values()))  # fmt: skip
     chunks = max(1, math.ceil(T / penalty_chunk))
-    per_block = max(math.ceil(least / penalty_chunk), math.ceil(chunks / MAX_PENALTY_BLOCKS))
+    if T <= _row(ONE_PENALTY_BLOCK_UP_TO, dk):
+        return chunks * penalty_chunk
+    most = MAX_PENALTY_BLOCKS
+    programs = _penalty_programs_at_once(device, _penalty_chain_warps(dk))
+    if programs is not None:
+        most = min(most, max(1, programs // max(1, heads)))
+    least = _row(DEFAULT_PENALTY_BLOCK, dk)
+    per_block = max(math.ceil(least / penalty_chunk), math.ceil(chunks / most))
     return per_block * penalty_chunk
+
+
+def _row(table: dict[int, int], dk: int) -> int:
+    """The row of the narrowest width at least ``dk`` (the widest row past every width)."""
+    return next((n for w, n in sorted(table.items()) if dk <= w), table[max(table)])
+
+
+def _penalty_chain_warps(dk: int) -> int:
+    """Warps of the penalty kernel at key width ``dk`` (:data:`PENALTY_CHAIN_WARPS`, else the
+    state kernels' 4 up to a 64-wide key tile and 8 above)."""
+    BK = max(32, _pow2(dk))
+    return PENALTY_CHAIN_WARPS.get(BK, 4 if BK <= 64 else 8)
+
+
+_PROGRAMS_AT_ONCE: dict[tuple[int, int], int] = {}
+
+
+def _penalty_programs_at_once(device: torch.device | str | None, warps: int) -> int | None:
+    """How many penalty-kernel programs of ``warps`` warps the CUDA ``device`` runs at once
+    (its SMs times the programs whose registers fit one SM); ``None`` off CUDA."""
+    if device is None:
+        return None
+    where = torch.device(device)
+    if where.type != "cuda":
+        return None
+    index: int = torch.cuda.current_device() if where.index is None else where.index
+    key = (index, warps)
+    if key not in _PROGRAMS_AT_ONCE:
+        props = torch.cuda.get_device_properties(index)
+        registers = int(getattr(props, "regs_per_multiprocessor", 65536))
+        per_sm = max(1, registers // (_PENALTY_KERNEL_REGISTERS * 32 * warps))
+        _PROGRAMS_AT_ONCE[key] = int(props.multi_processor_count) * per_sm
+    return _PROGRAMS_AT_ONCE[key]
 
 
 def penalty_block_starts(
@@ -482,8 +548,8 @@ def _forward(
     start_mod = start % period
     # Blocks of the penalty chain run in parallel from their start penalties, which are exact
     # only where no denominator is floored (penalty_block_starts); else one block.
-    block = (penalty_block_length(T, CP, penalty_block, dk=dk) if parallel
-             else CP * math.ceil(T / CP))  # fmt: skip
+    block = (penalty_block_length(T, CP, penalty_block, dk=dk, heads=BH, device=dev)
+             if parallel else CP * math.ceil(T / CP))  # fmt: skip
     NB = math.ceil(T / block)
     # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
     # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
@@ -552,7 +618,7 @@ def _forward(
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
             SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
-            COND=flag is not None, num_warps=PENALTY_CHAIN_WARPS.get(BK, warps),
+            COND=flag is not None, num_warps=_penalty_chain_warps(dk),
         )  # fmt: skip
         return X
 
