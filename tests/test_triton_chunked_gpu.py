@@ -69,3 +69,74 @@ def test_training_forward_is_the_inference_forward(D: int) -> None:
         assert torch.isfinite(g).all(), f"d{name}"
     forward(grad=True, bug="block_starts_without_nudges")
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+
+
+def _captured(fn, statics: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+    """``fn(*statics)`` captured in a CUDA graph after warm-up calls on a side stream: the
+    replay and the captured outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*statics)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*statics)
+    return graph.replay, out
+
+
+@pytest.mark.parametrize(("D", "T"), [(64, 4096), (128, 4096), (64, 1024)])
+def test_the_forward_replays_from_a_cuda_graph(D: int, T: int) -> None:
+    """The inference forward waits for the device nowhere (its block-start check and second
+    pass stay on the device), so it can be captured in a CUDA graph: replayed on new inputs
+    copied into the captured ones it gives the eager forward's output and state bit for bit,
+    and a planted fallback (wrong block starts) counts once per replay."""
+    config = VLAConfig()
+    statics = [x.clone() for x in _inputs(T, 16, D, seed=1)]
+
+    def forward(*x: torch.Tensor) -> list[torch.Tensor]:
+        o, state = tc.chunked_vla(*x, config=config)
+        return [o, *state]
+
+    replay, captured = _captured(forward, statics)
+    fresh = _inputs(T, 16, D, seed=2)
+    for s, x in zip(statics, fresh, strict=True):
+        s.copy_(x)
+    replay()
+    torch.cuda.synchronize()
+    for name, got, want in zip(("o", "S", "A", "z"), captured, forward(*fresh), strict=True):
+        assert torch.equal(got, want), name
+
+    def planted(*x: torch.Tensor) -> list[torch.Tensor]:
+        o, state = tc.chunked_vla(*x, config=config, planted_bug="block_starts_without_nudges")
+        return [o, *state]
+
+    if tc.penalty_block_length(T, 16, dk=D, heads=16, device="cuda") >= T:
+        return  # one block: no starts to plant
+    replay, captured = _captured(planted, statics)
+    before = tc.BLOCK_START_FALLBACKS[0]
+    replay()
+    replay()
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 2
+    torch.cuda.synchronize()
+    for name, got, want in zip(("o", "S", "A", "z"), captured, forward(*statics), strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_training_replays_from_cuda_graphs() -> None:
+    """Forward and backward captured by ``torch.cuda.make_graphed_callables`` (D = 64,
+    T = 4096): the replayed gradients are the eager ones bit for bit."""
+    config = VLAConfig()
+    x0 = _inputs(4096, 16, 64, seed=3)
+    leaves = [a.clone().requires_grad_(True) for a in x0]
+
+    def output(q, k, v, u):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(q, k, v, u, config=config)[0]
+
+    graphed = torch.cuda.make_graphed_callables(output, tuple(leaves))
+    do = torch.randn_like(x0[2])
+    want = torch.autograd.grad(output(*leaves), leaves, do)
+    got = torch.autograd.grad(graphed(*leaves), leaves, do)
+    for name, g, w in zip("qkvu", got, want, strict=True):
+        assert torch.equal(g, w), f"d{name}"
