@@ -120,7 +120,7 @@ def test_the_forward_replays_from_a_cuda_graph(D: int, T: int) -> None:
     replay()
     assert tc.BLOCK_START_FALLBACKS[0] == before + 2
     torch.cuda.synchronize()
-    for name, got, want in zip(("o", "S", "A", "z"), captured, forward(*statics), strict=True):
+    for name, got, want in zip(("o", "S", "A", "z"), captured, planted(*statics), strict=True):
         assert torch.equal(got, want), name
 
 
