@@ -246,25 +246,6 @@ def test_backward_reads_the_forwards_chain_values(monkeypatch: pytest.MonkeyPatc
     assert all(bool(torch.isfinite(g).all()) and bool(g.abs().max() > 0) for g in grads)
 
 
-def test_checkpoints_only_tiles_rerun_the_gate_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a key tile width in ``CHECKPOINTS_ONLY_TILES`` the training forward stores only the
-    ``A`` checkpoints and the backward reruns the gate pass from them: the rerun is reached,
-    and the gradients are within the spec §4 budget of torch_chunked's float64 ones (the check
-    that fails the planted slips above)."""
-    case = _state_gradient_case(70)
-    reruns = []
-    real = tc.fused._rerun
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        reruns.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tc.fused, "_rerun", counted)
-    monkeypatch.setattr(tc, "CHECKPOINTS_ONLY_TILES", frozenset({max(32, case[0][0].shape[-1])}))
-    assert _gradients_outside_budget(*case) == []
-    assert reruns
-
-
 @pytest.mark.parametrize("bug", ["saved_s_over_pivot", "saved_normaliser_before_key"])
 def test_wrong_saved_chain_values_are_rejected(bug: str) -> None:
     """The gradient check fails a forward that stores ``s/δ`` for ``s`` or ``z_{t-1}ᵀq`` for

@@ -121,12 +121,6 @@ PENALTY_FACTORISATION = "elimination"
 #: ``benchmarks/preflight_sm90.py``), more warps spread the chunk's short reductions across more
 #: of them; untimed, so the state kernels' count (``chunk_h200.py --chain-variants`` times them).
 PENALTY_CHAIN_WARPS: dict[int, int] = {}
-#: Key tile widths where the training forward's penalty kernel stores only the ``A``
-#: checkpoints, not the per-token chain values, and the backward reruns the gate pass from the
-#: checkpoints instead: built with both stores at BK = 128 the kernel left the chain
-#: non-finite on sm_90 while either store alone matched the inference chain bit for bit
-#: (``benchmarks/results/h100/block_check_training_fcb06ea.json``).
-CHECKPOINTS_ONLY_TILES: frozenset[int] = frozenset({128})
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
@@ -517,9 +511,7 @@ def _forward(
     bug: int,
     save_checkpoints: bool = False,
 ) -> tuple[
-    torch.Tensor,
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    tuple[Checkpoints, Chain | None] | None,
+    torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[Checkpoints, Chain] | None
 ]:
     """Launch the kernels (module docstring); returns ``o`` (inputs' dtype), the float32
     state and, with ``save_checkpoints``, what the backward reads (:func:`_recurrent_adjoint`):
@@ -605,8 +597,7 @@ def _forward(
     # The chains' per-token values for the backward, in the recurrent adjoint's layout (rows
     # of its key tile BKS, which is narrower than BK below dk = 32).
     BKS = fused._pow2(dk)
-    keep_chain = save_checkpoints and BK not in CHECKPOINTS_ONLY_TILES
-    if keep_chain:
+    if save_checkpoints:
         kh_s, sv_s = (torch.empty(BH, T, BKS, dtype=f32, device=dev) for _ in range(2))
         sc_s = torch.empty(BH, T, 2, dtype=f32, device=dev)
         cs_s = torch.empty(BH, T, 4, dtype=f32, device=dev)
@@ -625,7 +616,7 @@ def _forward(
             CPB=(block if flag is None else CP * math.ceil(T / CP)) // CP, NCK=nck + 1,
             CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
-            SAVE_CHAIN=keep_chain, BKS=BKS,
+            SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
             COND=flag is not None, num_warps=_penalty_chain_warps(dk),
         )  # fmt: skip
@@ -667,7 +658,7 @@ def _forward(
         kernels.state_output_kernel[(NCk, BH, BV // bvb)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
             H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
-            NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=keep_chain, BUG=bug,
+            NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=save_checkpoints, BUG=bug,
             num_warps=warps, **cond,
         )  # fmt: skip
 
@@ -713,8 +704,6 @@ def _forward(
     ckz = torch.cat([z_chunks[:, ::every, :dk], z_out[:, None]], dim=1)
     ck = (cks, cka.view(B, H, nck + 1, dk, dk), ckz.view(B, H, nck + 1, dk))
     # α̂ from the gate buffer: a view where its rows are the backward's (T = TP, BK = BKS).
-    if not keep_chain:
-        return o, state, (ck, None)
     ah_s = gates[:, :T, :BKS].contiguous()
     return o, state, (ck, (kh_s, ah_s, sc_s, sv_s, cs_s))
 
@@ -798,18 +787,15 @@ class ChunkedVLAFunction(torch.autograd.Function):
         if save:
             assert saved is not None
             ck, chain = saved
-            ctx.chain = chain is not None
-            ctx.save_for_backward(q, k, v, u, *ck, *(chain or ()), *(initial or ()))
+            ctx.save_for_backward(q, k, v, u, *ck, *chain, *(initial or ()))
         return o, S, A, z
 
     @staticmethod
     def backward(ctx: Any, do: Any, dS: Any, dA: Any, dz: Any) -> Any:  # type: ignore[override]
-        q, k, v, u, cks, cka, ckz, *rest = ctx.saved_tensors
-        chain = tuple(rest[:5]) if ctx.chain else None
-        initial = rest[5:] if ctx.chain else rest
+        q, k, v, u, cks, cka, ckz, kh, ah, sc, sv, cs, *initial = ctx.saved_tensors
         grads = _recurrent_adjoint(
             q, k, v, u, tuple(initial), ctx.options["config"], ctx.options["start"],
-            (do, dS, dA, dz), (cks, cka, ckz), chain,
+            (do, dS, dA, dz), (cks, cka, ckz), (kh, ah, sc, sv, cs),
         )  # fmt: skip
         return (None, *grads)
 
