@@ -147,10 +147,6 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
             return launch
 
     tc.kernels.penalty_chain_kernel = Variants()
-    # Every store in every width: the training forward would otherwise store only the
-    # checkpoints at a 128-wide key tile (CHECKPOINTS_ONLY_TILES), the case measured here.
-    only = tc.CHECKPOINTS_ONLY_TILES
-    tc.CHECKPOINTS_ONLY_TILES = frozenset()
     try:
         for D in a.D:
             x = grid_inputs(a.T, a.H, D, dev, dt)
@@ -158,7 +154,6 @@ def kernel_variants(a: Any, dev: str, dt: Any) -> list[dict[str, Any]]:
                         save_checkpoints=True)  # fmt: skip
     finally:
         tc.kernels.penalty_chain_kernel = real
-        tc.CHECKPOINTS_ONLY_TILES = only
     return rows
 
 
