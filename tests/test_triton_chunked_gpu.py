@@ -122,21 +122,3 @@ def test_the_forward_replays_from_a_cuda_graph(D: int, T: int) -> None:
     torch.cuda.synchronize()
     for name, got, want in zip(("o", "S", "A", "z"), captured, planted(*statics), strict=True):
         assert torch.equal(got, want), name
-
-
-def test_training_replays_from_cuda_graphs() -> None:
-    """Forward and backward captured by ``torch.cuda.make_graphed_callables`` (D = 64,
-    T = 4096): the replayed gradients are the eager ones bit for bit."""
-    config = VLAConfig()
-    x0 = _inputs(4096, 16, 64, seed=3)
-    leaves = [a.clone().requires_grad_(True) for a in x0]
-
-    def output(q, k, v, u):  # type: ignore[no-untyped-def]
-        return tc.chunked_vla(q, k, v, u, config=config)[0]
-
-    graphed = torch.cuda.make_graphed_callables(output, tuple(leaves))
-    do = torch.randn_like(x0[2])
-    want = torch.autograd.grad(output(*leaves), leaves, do)
-    got = torch.autograd.grad(graphed(*leaves), leaves, do)
-    for name, g, w in zip("qkvu", got, want, strict=True):
-        assert torch.equal(g, w), f"d{name}"
