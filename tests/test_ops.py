@@ -54,7 +54,7 @@ def test_without_a_measured_crossover_every_forward_is_recurrent(kernels, monkey
 
 @pytest.mark.parametrize("training", [False, True], ids=["forward", "training"])
 def test_the_measured_crossovers_pick_the_chunked_kernel_for_long_sequences(training) -> None:
-    """Each width's row (benchmarks/results/h200/forward_crossover.json): from its length on
+    """Each width's row (``ops`` cites the runs): from its length on
     the chunked kernel, below it the recurrent one; a row of ``None``, the recurrent one at
     every length; a width between rows takes the wider row."""
     table = ops.TRAINING_CROSSOVER_T if training else ops.FORWARD_CROSSOVER_T
@@ -75,6 +75,13 @@ def test_keys_wider_than_every_row_run_the_recurrent_kernel(kernels, monkeypatch
     assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "recurrent"  # dk = 4 > 2
     monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {4: 64})
     assert ops.vla(_x(64), _x(64), _x(64), _x(64))[0] == "chunked"
+
+
+def test_a_width_between_rows_takes_the_wider_row(monkeypatch) -> None:
+    monkeypatch.setattr(ops, "FORWARD_CROSSOVER_T", {64: 4096, 128: 8192})
+    assert ops.choose(4096, False, dk=64) == "chunked"
+    assert ops.choose(4096, False, dk=65) == "recurrent"
+    assert ops.choose(8192, False, dk=65) == "chunked"
 
 
 def test_long_prefill_runs_the_chunked_kernel(kernels, monkeypatch) -> None:

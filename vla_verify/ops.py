@@ -30,22 +30,24 @@ __all__ = [
 
 #: Sequence length from which the forward runs the chunked kernel, per key width: the row of
 #: the narrowest width at least ``dk``; no row (keys wider than every row) or ``None``: never.
-#: Measured on the H200 (B = 1, H = 16, bf16, paper preset, side by side,
-#: ``benchmarks/results/h200/forward_crossover.json`` and ``forward_block_matrices.json``),
-#: chunked against recurrent, ms: at D = 64 1.23 / 0.87 (T = 1024), 2.80 / 1.73 (2048),
-#: 2.84 / 3.44 (4096), 3.93 / 6.89 (8192); at D = 128 4.39 / 2.33 (2048), 5.91 / 4.65 (4096),
-#: 8.63 / 9.28 (8192), 16.9 / 18.6 (16384).  Each row is the first measured length from which
-#: the chunked kernel is faster.  The chunked kernel stays reachable with ``kernel="chunked"``.
-FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 8192}
+#: Each row is the first measured length from which the chunked kernel is faster than the
+#: recurrent one, side by side (B = 1, H = 16, bf16, paper preset), ms chunked / recurrent:
+#: at D = 64 0.96 / 0.87 (T = 1024), 2.50 / 3.41 (4096); at D = 128 1.78 / 1.17 (1024),
+#: 3.86 / 4.62 (4096), 10.9 / 18.4 (16384) (an H100, ``benchmarks/results/h100/
+#: forward_graph_eaff479.json``, eager calls); at T = 2048 the recurrent kernel was faster at
+#: both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``,
+#: where D = 128 ran one block at 2048 tokens as the chunked kernel still does).  The chunked
+#: kernel stays reachable with ``kernel="chunked"``.
+FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
 #: key width (as :data:`FORWARD_CROSSOVER_T`).  Both backwards are the recurrent adjoint (the
 #: chunked one from its forward's checkpoints and chain values).  Forward + backward, chunked
-#: against recurrent, ms (``benchmarks/results/h200/chunk.json``, the same settings): at D = 64
-#: 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096), 27.2 / 36.4 (16384), and 8.88 / 6.53 at
-#: T = 2048 (``forward_crossover.json``).  At D = 128 (``chunk_d128.json``, a later commit)
-#: 12.8 / 12.0 (1024), 56.2 / 47.1 (4096), 212 / 188 (16384), 849 / 754 (65536): the chunked
-#: kernel is slower at every length, so training there stays recurrent.
-TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: None}
+#: against recurrent, ms: at D = 64 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096), 27.2 / 36.4
+#: (16384) (``benchmarks/results/h200/chunk.json``), and 8.88 / 6.53 at T = 2048
+#: (``forward_crossover.json``); at D = 128 44.1 / 47.6 (4096) and 171.9 / 190.3 (16384) on
+#: an H100 (``benchmarks/results/h100/training_d128_eaff479.json``), 12.8 / 12.0 at 1024 on
+#: the H200 (``chunk_d128.json``, where one block runs and its forward was exact).
+TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 
 _KERNELS: dict[str, Any] = {}
 
