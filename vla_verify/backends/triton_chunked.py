@@ -119,7 +119,10 @@ PENALTY_FACTORISATION = "elimination"
 #: (sm_90, Triton 3.6, in inference: 848 / 152 / 24 / 0 bytes per thread with 1 / 2 / 4 / 8
 #: warps at BK = 64, 2040 / 352 / 176 / 1344 with 2 / 4 / 8 / 16 at 128,
 #: ``benchmarks/preflight_sm90.py``), more warps spread the chunk's short reductions across more
-#: of them; untimed, so the state kernels' count (``chunk_h200.py --chain-variants`` times them).
+#: of them.  Timed on an H100 (``benchmarks/results/h100/chain_variants_eaff479.json``, T = 16384,
+#: the forward's median / the penalty kernel's device time), the state kernels' count is the
+#: fastest: at D = 64 4 warps 3.57 / 1.09 ms, 2 warps 3.68 / 1.18, 8 warps 3.98 / 1.82; at
+#: D = 128 8 warps 10.98 / 3.20, 4 warps 13.07 / 3.56.
 PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
