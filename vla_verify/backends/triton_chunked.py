@@ -135,7 +135,9 @@ PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: 4.82 / 5.34, 18.5); at D = 128 26.9 / 19.7 / 16.4 / 15.2 and 34.8 ms (26.2 / 19.1 / 15.8 /
 #: 14.4, 34.9).  At D = 128, T = 4096 (``h200/chain_variants.json``, "block_variants") blocks
 #: of 128 / 256 / 512 tokens take 10.6 / 7.14 / **4.80** ms against 7.13 in two blocks of
-#: 2048: there the blocks were too few to fill the GPU (:func:`penalty_block_length`).
+#: 2048: there the blocks were too few to fill the GPU (:func:`penalty_block_length`).  With
+#: this default on an H100 (``benchmarks/results/h100/block_variants_eaff479.json``) its eight
+#: blocks at D = 128 were the fastest of 512 to 8192 tokens at T = 4096, 8192 and 65536.
 DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 512}
 #: Up to this many tokens the chain runs in one block, per key width (as
 #: :data:`DEFAULT_PENALTY_BLOCK`): blocking costs about 2 ms of fixed work (the starts, their
