@@ -340,28 +340,6 @@ def _grid_fwdbwd_fns(x: dict[str, Any], cfg: Any, T: int, D: int) -> dict[str, A
     return fns
 
 
-def _graph_median(fn: Any) -> dict[str, Any]:
-    """``fn`` replayed from a CUDA graph (``forward_graph.graphed``): ``graph_ms``, its median,
-    and ``graph_equals_eager``, whether the replay's output is the eager call's bit for bit;
-    ``graph_error`` where the capture fails."""
-    import torch
-    from forward_graph import graphed
-
-    from vla_verify.bench import time_ms
-
-    try:
-        eager = fn()
-        replay, captured = graphed(fn)
-        replay()
-        torch.cuda.synchronize()
-        return {
-            "graph_ms": time_ms(replay),
-            "graph_equals_eager": bool(torch.equal(captured, eager)),
-        }
-    except Exception as exc:
-        return {"graph_error": repr(exc)[:300]}
-
-
 def _variant(x: dict[str, Any], cfg: Any, block: int | None) -> Any:
     from vla_verify.backends.triton_chunked import chunked_vla
 
@@ -405,7 +383,10 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                         rec["block_tokens"] = penalty_block_length(T, 16, dk=D, heads=H, device=dev)
                         rec["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
                     if mode == "fwd" and RUN.get("graphs") and not smoke:
-                        rec.update(_graph_median(fn))
+                        from forward_graph import eager_and_replayed
+
+                        # The eager median again, beside the replay's, in one measurement.
+                        rec.update(eager_and_replayed(fn))
                     recs.append(rec)
                     _log(rec)
                     if RUN.get("path"):  # keep what is measured if the run is cut short
@@ -1164,7 +1145,7 @@ def main() -> None:
     ap.add_argument(
         "--graphs",
         action="store_true",
-        help="the grid's forwards also replayed from CUDA graphs (graph_ms beside median_ms)",
+        help="the grid's forwards also replayed from CUDA graphs (eager_ms and graph_ms)",
     )
     ap.add_argument(
         "--chain-variants",

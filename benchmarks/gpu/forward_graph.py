@@ -40,6 +40,28 @@ def graphed(fn: Any) -> tuple[Any, Any]:
     return graph.replay, out
 
 
+def eager_and_replayed(fn: Any) -> dict[str, Any]:
+    """``fn`` against its CUDA-graph replay (:func:`graphed`): ``graph_equals_eager``, whether
+    the replay's output is the eager call's bit for bit, then ``eager_ms`` and ``graph_ms``, the
+    two medians; ``graph_error`` where either fails."""
+    import torch
+
+    from vla_verify.bench import time_ms
+
+    try:
+        eager = fn()
+        replay, captured = graphed(fn)
+        replay()
+        torch.cuda.synchronize()
+        return {
+            "graph_equals_eager": bool(torch.equal(captured, eager)),
+            "eager_ms": time_ms(fn),
+            "graph_ms": time_ms(replay),
+        }
+    except Exception as exc:
+        return {"graph_error": repr(exc)[:400]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -53,7 +75,7 @@ def main() -> None:
     from chunk_h200 import _grid_fns
 
     from vla_verify import VLAConfig
-    from vla_verify.bench import _inputs, machine_info, time_ms
+    from vla_verify.bench import _inputs, machine_info
 
     cfg = VLAConfig()
     rows: list[dict[str, Any]] = []
@@ -64,17 +86,7 @@ def main() -> None:
         for T in a.T:
             x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
             for op, fn in _grid_fns(x, cfg, T, D).items():
-                row: dict[str, Any] = {"D": D, "T": T, "op": op}
-                try:
-                    eager = fn()
-                    replay, captured = graphed(fn)
-                    replay()
-                    torch.cuda.synchronize()
-                    row["graph_equals_eager"] = bool(torch.equal(captured, eager))
-                    row["eager_ms"] = time_ms(fn)
-                    row["graph_ms"] = time_ms(replay)
-                except Exception as exc:
-                    row["error"] = repr(exc)[:400]
+                row = {"D": D, "T": T, "op": op, **eager_and_replayed(fn)}
                 rows.append(row)
                 print(row, flush=True)
                 path.write_text(json.dumps(result, indent=1))

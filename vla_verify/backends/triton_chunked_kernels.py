@@ -295,7 +295,8 @@ def penalty_chain_kernel(
             # tokens inside the sequence; slot 0 and the last are the caller's.  Read back from
             # the scratch after the update rather than stored from inside it: at BK = 128 the
             # store inside the update's loop, with SAVE_CHAIN's, made the chain non-finite on
-            # sm_90 (h100/block_check_training_fcb06ea.json; tests/test_triton_chunked_gpu.py).
+            # sm_90 (h100/block_check_training_fcb06ea.json); read back, both stores leave the
+            # chain exact (h100/block_check_training_eaff479.json, test_triton_chunked_gpu.py).
             t_end = (c + 1) * CP
             if (t_end % CKE == 0) & (t_end < T):
                 slot = bh * NCK + t_end // CKE
