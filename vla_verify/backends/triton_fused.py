@@ -704,6 +704,13 @@ _MAX_CHUNKED_WIDTH = 128
 #: the chunk's ``E`` and ``DE``: one program computing all of them asked 274432 bytes of shared
 #: memory at BK = 128 (the three ask 196608, 229376 and 192512).
 _SPLIT_STATE_CHUNK_ABOVE = 64
+#: Key tiles wider than this build :func:`kernels.vla_state_bwd_scan_kernel` with one stage of
+#: Triton's software pipeline: on an H100 (bf16 inputs, T = 16384, ``benchmarks/gpu/
+#: chunk_h200.py --adjoint``) its default build asked 242176 bytes of shared memory at BK = 128,
+#: above the 232448 an sm_90 block may use, where the offline build for the same constexprs
+#: (``benchmarks/preflight_sm90.py``, which does not see the launch's argument alignments)
+#: reported 213504.
+_STATE_SCAN_ONE_STAGE_ABOVE = 64
 #: Key tiles wider than this build the pieces' scan and piece kernels with one stage of
 #: Triton's software pipeline (``num_stages=1``: the loads in their loops are not
 #: multi-buffered in shared memory): with the default they asked 262144 and 237568 bytes at
@@ -773,9 +780,10 @@ def _state_adjoint_chunked(
     )  # fmt: skip
     x_end = torch.empty(BH, chunks, dk, dvp, dtype=acc, device=dev)
     dS_begin = torch.empty(BH, dk, dvp, dtype=acc, device=dev)
+    stages = {"num_stages": 1} if bk > _STATE_SCAN_ONE_STAGE_ABOVE else {}
     kernels.vla_state_bwd_scan_kernel[(nv, BH)](
         q_ptr=q, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, w_ptr=w, u_ptr=u, dsT_ptr=dS,
-        xend_ptr=x_end, ds0_ptr=dS_begin, NV=nv, BUG=int(adj.run.bug), **common,
+        xend_ptr=x_end, ds0_ptr=dS_begin, NV=nv, BUG=int(adj.run.bug), **common, **stages,
     )  # fmt: skip
     parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
     dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
