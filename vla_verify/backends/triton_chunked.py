@@ -225,6 +225,30 @@ def _pow2(n: int) -> int:
 
 
 _PARAMS: dict[tuple[Any, ...], torch.Tensor] = {}
+_IDENTITIES: dict[tuple[Any, ...], torch.Tensor] = {}
+_ZERO_STATES: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _identity(dk: int, device: torch.device) -> torch.Tensor:
+    """The float64 identity of order ``dk`` on ``device``, made once (the callers only read it):
+    each call's own would cost the host a launch."""
+    key = (dk, device)
+    if key not in _IDENTITIES:
+        if len(_IDENTITIES) > 64:
+            _IDENTITIES.clear()
+        _IDENTITIES[key] = torch.eye(dk, dtype=torch.float64, device=device)
+    return _IDENTITIES[key]
+
+
+def _zero_state(BH: int, dv: int, dk: int, device: torch.device) -> torch.Tensor:
+    """A zero float32 ``S`` ``[BH, dv, dk]``, made once per shape and device: the state kernel
+    only reads its initial state."""
+    key = (BH, dv, dk, device)
+    if key not in _ZERO_STATES:
+        if len(_ZERO_STATES) > 16:  # many shapes (a property search): do not grow forever
+            _ZERO_STATES.clear()
+        _ZERO_STATES[key] = torch.zeros(BH, dv, dk, dtype=torch.float32, device=device)
+    return _ZERO_STATES[key]
 
 
 def _params(config: VLAConfig, device: torch.device) -> torch.Tensor:
@@ -359,7 +383,7 @@ def penalty_block_starts(
     if NB == 1:
         return A0[:, None]
     dev, f64 = A0.device, torch.float64
-    eye = torch.eye(dk, dtype=f64, device=dev)
+    eye = _identity(dk, dev)
     if nudge_period is None:
         assert u is not None
         T = u.shape[1]
@@ -367,20 +391,19 @@ def penalty_block_starts(
         G = Up.mT @ Up
         M = torch.linalg.inv(A0)[:, None] + (torch.cumsum(G, dim=1) - G)
         return torch.cholesky_inverse(torch.linalg.cholesky(M))
-    X0 = torch.cat([A0, eye.expand(BH, dk, dk)], dim=-2)  # (Π; Θ) = (A0; I)
     if matrices is None:
         assert u is not None
         matrices = _block_matrices_by_trees(u, start, int(nudge_period), nudge_eta, block)
     Bm = matrices
     if not normalise:
-        # Inclusive prefix products Bm_b ⋯ Bm_0 (Hillis–Steele scan); block b starts from the
-        # product of the blocks before it.
-        Pf = Bm[:, :-1]
-        step = 1
-        while step < NB - 1:
-            Pf = torch.cat([Pf[:, :step], Pf[:, step:] @ Pf[:, :-step]], dim=1)
-            step *= 2
-        XX = torch.cat([X0[:, None], Pf @ X0[:, None]], dim=1)  # [BH, NB, 2dk, dk]
+        # (Π; Θ) at every block start, block after block: (Π; Θ)_{b+1} = Bm_b (Π; Θ)_b from
+        # (A0; I).  Blocks outermost, so that each product writes one contiguous slice; a
+        # 2dk × 2dk by 2dk × dk product per block, and one launch each.
+        XX = torch.empty(NB, BH, 2 * dk, dk, dtype=f64, device=dev)
+        XX[0, :, :dk] = A0
+        XX[0, :, dk:] = eye
+        for b in range(NB - 1):
+            torch.matmul(Bm[:, b], XX[b], out=XX[b + 1])
         # solve_ex without its error check and by cuBLAS's batched LU: torch.linalg.solve reads
         # the LU's info back, and the batched LU PyTorch takes by default (MAGMA's) synchronises
         # the device, so each call waited for the GPU (h200/host_trace_syncs.json: 6.4 ms at
@@ -388,7 +411,7 @@ def penalty_block_starts(
         # block-end check rejects.
         with _batched_cublas_lu(XX.device):
             A = torch.linalg.solve_ex(XX[:, :, dk:], XX[:, :, :dk], left=False)[0]  # Π Θ^{-1}
-        return 0.5 * (A + A.mT)
+        return (0.5 * (A + A.mT)).transpose(0, 1)
     A = A0
     starts = [A0]
     for b in range(NB - 1):
@@ -537,16 +560,20 @@ def _forward(
     TP = math.ceil(T / L) * L
     pd = torch.float64 if penalty_dtype == "float64" else torch.float32
     f32 = torch.float32
+    # Each torch operation costs the host a launch, and at T of a few thousand the host's work
+    # per call is above the device's (the H100 traces of benchmarks/gpu/chunk_h200.py
+    # --host-trace): the default state comes from cached tensors, z from three operations.
+    z0: torch.Tensor | None
     if initial_state is None:
-        A0 = (torch.eye(dk, dtype=torch.float64, device=dev) / config.lambda0).expand(BH, dk, dk)
-        S0 = torch.zeros(BH, dv, dk, dtype=f32, device=dev)
-        z0 = torch.zeros(BH, dk, dtype=f32, device=dev)
+        A0 = _identity(dk, dev).div(config.lambda0).expand(BH, dk, dk)
+        S0 = _zero_state(BH, dv, dk, dev)
+        z0 = None
         parallel = config.sm_floor <= 1.0
     else:
         S_in, A_in, z_in = initial_state
         A0 = A_in.reshape(BH, dk, dk).to(torch.float64)
         S0 = S_in.reshape(BH, dv, dk).to(f32).contiguous()
-        z0 = z_in.reshape(BH, dk).to(f32).contiguous()
+        z0 = z_in.reshape(B, 1, H, dk).to(f32)
         parallel = config.sm_floor <= 1.0 and _symmetric_positive_definite(A0)
     params = _params(config, dev)
     period = _NEVER if config.nudge_period is None else int(config.nudge_period)
@@ -613,8 +640,11 @@ def _forward(
         # X = each block's start Aᵀ, zero-padded to [BK, BK] (padding stays zero); on exit
         # each block's end Aᵀ.  With a flag, one block from A_0 that runs only where it is set.
         nb = A_starts.shape[1]
-        X = torch.zeros(BH, nb, BK, BK, dtype=pd, device=dev)
-        X[:, :, :dk, :dk] = A_starts.mT.to(pd)
+        if dk == BK:
+            X = A_starts.mT.to(pd, memory_format=torch.contiguous_format, copy=True)
+        else:
+            X = torch.zeros(BH, nb, BK, BK, dtype=pd, device=dev)
+            X[:, :, :dk, :dk] = A_starts.mT.to(pd)
         kernels.penalty_chain_kernel[(BH, nb)](
             kp, up, X, W, gates, cka, kh_s, sv_s, cs_s, params, gates if flag is None else flag,
             T, H, start_mod, period, H * dk, dk, DK=dk,
@@ -668,17 +698,16 @@ def _forward(
         )  # fmt: skip
 
     X = penalty_chain(A_starts)
-    # z at the chunk starts, a cumulative sum of the chunks' keys (read once from the inputs'
-    # layout, the tail chunk padded): independent of the penalty chain, formed
+    # z at the chunk starts, a cumulative sum of the chunks' keys in the inputs' layout
+    # ``[B, NC, H, dk]`` (the tail chunk padded): independent of the penalty chain, formed
     # while its kernel runs.
     kc = k if T == NCk * C else torch.nn.functional.pad(k, (0, 0, 0, 0, 0, NCk * C - T))
-    sums = torch.zeros(BH, NCk, BK, dtype=f32, device=dev)
-    sums[:, :, :dk] = (kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
-                       .permute(0, 2, 1, 3).reshape(BH, NCk, dk))  # fmt: skip
-    z_pad = torch.zeros(BH, BK, dtype=f32, device=dev)
-    z_pad[:, :dk] = z0
-    z_chunks = (z_pad[:, None] + sums.cumsum(1) - sums).contiguous()
-    z_out = z_pad[:, :dk] + sums.sum(1)[:, :dk]
+    sums = kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
+    z_chunks = sums.cumsum(1) - sums
+    z_out = sums.sum(1)
+    if z0 is not None:
+        z_chunks += z0
+        z_out = z_out + z0[:, 0]
     state_chain()
     A_end = X[:, NB - 1]
     if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
@@ -687,17 +716,17 @@ def _forward(
         # every call): where it fails (rarely) a second pass runs the penalty chain in one block
         # from A_0, exact by construction, and the state chain again, writing over the first
         # pass's outputs; elsewhere its kernels return at once.
-        ends = X[:, :-1, :dk, :dk].mT
-        scale = A_starts.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float64).tiny)
-        gap = (ends - A_starts[:, 1:]).abs().amax(dim=(-2, -1)) / scale[:, 1:]
-        failed = ~(gap <= BLOCK_START_RTOL).all()  # a NaN gap fails
+        inf = float("inf")
+        gap = torch.linalg.vector_norm(X[:, :-1, :dk, :dk].mT - A_starts[:, 1:], inf, (-2, -1))
+        scale = torch.linalg.vector_norm(A_starts[:, 1:], inf, (-2, -1))
+        failed = (gap <= scale * BLOCK_START_RTOL).logical_not_().any()  # a NaN gap fails
         flag = failed.to(torch.int32).reshape(1)
         BLOCK_START_FALLBACKS.add(flag)
         X_one = penalty_chain(A0[:, None], flag)
         state_chain(flag)
         A_end = torch.where(failed, X_one[:, 0], A_end)
     A = A_end[:, :dk, :dk].mT.to(f32).reshape(B, H, dk, dk)
-    state = (S_out.view(B, H, dv, dk), A, z_out.view(B, H, dk))
+    state = (S_out.view(B, H, dv, dk), A, z_out)
     if not save_checkpoints:
         return o, state, None
     # The chains' values at the checkpoints: S and z at every state chunk's start (a chunk
@@ -706,8 +735,8 @@ def _forward(
     cka[:, nck] = A_end[:, :dk, :dk]
     every = _CHECKPOINT_EVERY // C
     cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).contiguous()
-    ckz = torch.cat([z_chunks[:, ::every, :dk], z_out[:, None]], dim=1)
-    ck = (cks, cka.view(B, H, nck + 1, dk, dk), ckz.view(B, H, nck + 1, dk))
+    ckz = torch.cat([z_chunks[:, ::every], z_out[:, None]], dim=1).transpose(1, 2).contiguous()
+    ck = (cks, cka.view(B, H, nck + 1, dk, dk), ckz)
     # α̂ from the gate buffer: a view where its rows are the backward's (T = TP, BK = BKS).
     ah_s = gates[:, :T, :BKS].contiguous()
     return o, state, (ck, (kh_s, ah_s, sc_s, sv_s, cs_s))

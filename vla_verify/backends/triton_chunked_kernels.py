@@ -583,7 +583,7 @@ def state_output_kernel(
     gate_ptr,  # [BH, TP, BK] float32
     e_ptr,  # [BH, TP, BV] float32
     s_chunks_ptr,  # [BH, NC, BV, BK] float32
-    z_chunks_ptr,  # [BH, NC, BK] float32: z at each chunk's start
+    z_chunks_ptr,  # [B, NC, H, DK] float32: z at each chunk's start
     o_ptr,  # [B, T, H, DV] out, the inputs' dtype
     sc_ptr,  # [BH, T, 2] float32 out (SAVE_CHAIN): α̂_tᵀq_t, z_tᵀq_t
     params_ptr,
@@ -644,7 +644,7 @@ def state_output_kernel(
     O += tl.dot(P, E, input_precision=PREC)
     if NORMALIZE_OUTPUT or SAVE_CHAIN:
         Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
-        z = tl.load(z_chunks_ptr + (bh * NC + c) * BK + ok)
+        z = tl.load(z_chunks_ptr + ((b * NC + c) * H + h) * DK + ok, mask=kmask, other=0.0)
         Z = z[None, :] + tl.cumsum(Kr, axis=0)
         zq = tl.sum(Z * Q, axis=1)
         if NORMALIZE_OUTPUT:
