@@ -100,6 +100,7 @@ def record(
     tf._check_run = lambda q, v: None  # type: ignore[assignment]
     if unsplit:
         tf._SPLIT_STATE_CHUNK_ABOVE = tf._PIECES_ONE_STAGE_ABOVE = 1 << 30
+        tf._STATE_SCAN_ONE_STAGE_ABOVE = 1 << 30
     base_plan = tf.plan_for
 
     def plan_for(B: int, H: int, T: int, dk: int, dv: int, dtype: Any, _device: Any,

@@ -1,7 +1,7 @@
 """``benchmarks/preflight_sm90.py`` builds the kernels a GPU plan launches for the H200 without a
 GPU: the default plan's kernels (the pieces included) fit an SM, and the chunked state adjoint
-at 128-wide keys in one launch, which the H200 refused with ``OutOfResources``, is found not
-to (split over launches, as the package runs it there, it fits)."""
+at 128-wide keys in one launch or with its scan's default pipeline, which the H200 and an H100
+refused with ``OutOfResources``, is found not to (as the package builds it there, it fits)."""
 
 from __future__ import annotations
 
@@ -39,14 +39,18 @@ def test_the_default_plan_and_the_pieces_fit(tmp_path: Path) -> None:
 
 
 def test_the_wide_chunked_adjoints_fit_only_split(tmp_path: Path) -> None:
-    """Known answer: at BK = 128 the chunk kernel of the state adjoint in one launch asks more
-    shared memory than an H200 SM has (the H200 raised OutOfResources, ``h200/adjoint.json``),
-    and the tool says so; built as the package builds them there (the chunk kernel over three
-    launches, the pieces' kernels with one pipeline stage) every kernel fits."""
+    """Known answers: at BK = 128 the chunk kernel of the state adjoint in one launch, and its
+    scan kernel with Triton's default pipeline, ask more shared memory than an sm_90 SM has
+    (the H200 raised OutOfResources for the first, ``h200/adjoint.json``, an H100 for the
+    second with 242176 bytes, ``h100/adjoint_d128_f61ae7f.json``), and the tool says so; built
+    as the package builds them there (the chunk kernel over three launches, the scan and the
+    pieces' kernels with one pipeline stage) every kernel fits."""
     options = ("--options", "chunked_state_adjoint=1", "chunked_penalty_adjoint=1")
     code, rows = _preflight(tmp_path, "--sizes", "128x256", *options, "--unsplit")
     chunk = [r for r in rows if r["kernel"] == "vla_state_bwd_chunk_kernel"]
     assert chunk and not chunk[0]["fits"] and chunk[0]["shared"] > 232448
+    scan = [r for r in rows if r["kernel"] == "vla_state_bwd_scan_kernel"]
+    assert scan and not scan[0]["fits"] and scan[0]["shared"] > 232448
     assert code == 1
     code, rows = _preflight(tmp_path, "--sizes", "128x256", *options)
     kernels = {r["kernel"] for r in rows}
