@@ -54,6 +54,9 @@ RUN: dict[str, Any] = {
     "long_variant_blocks": (None, 512, 1024, 2048, 4096),
     # Host traces of the forward (--host-trace).
     "trace_Ts": (4096, 16384),
+    # The read-out's value columns per program (--readout-variants).
+    "readout_Ts": (4096, 16384, 65536),
+    "readout_blocks": (32, 64, 128),
     # Penalty-chain blocks at short lengths (--block-variants).
     "block_variant_Ts": (1024, 4096),
     "block_variant_blocks": (None, 128, 256, 512),
@@ -84,6 +87,8 @@ SMOKE = {
     "long_variant_T": 64,
     "long_variant_blocks": (16,),
     "trace_Ts": (64,),
+    "readout_Ts": (64,),
+    "readout_blocks": (16, 32),
     "block_variant_Ts": (64,),
     "block_variant_blocks": (None, 16, 32),
     "fwdbwd_chunked_max_T": 64,
@@ -775,6 +780,65 @@ def chain_variants(out: dict[str, Any]) -> None:
             torch.cuda.empty_cache()
 
 
+def readout_variants(out: dict[str, Any]) -> None:
+    """The read-out's value columns per program (``READOUT_VALUE_BLOCK``) side by side: at each
+    of ``readout_Ts`` and ``variant_Ds`` (B = 1, H = grid_H, bf16, paper preset), for each of
+    ``readout_blocks`` up to the value tile, first ``o`` against the default's (relative max
+    difference), then the forward's median and the read-out kernel's device time
+    (torch.profiler, mean of five calls)."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import _inputs, time_ms
+
+    cfg = VLAConfig()
+    H, dev, smoke = RUN["grid_H"], RUN["device"], RUN["smoke"]
+    dt = torch.float32 if smoke else torch.bfloat16
+    rows = out.setdefault("readout_variants", [])
+    default = tc.READOUT_VALUE_BLOCK
+    for D in RUN["variant_Ds"]:
+        for T in RUN["readout_Ts"]:
+            x = _inputs(1, T, H, D, dt, dev)
+            args = tuple(x[n] for n in "qkvu")
+
+            def fwd(args: tuple[Any, ...] = args) -> Any:
+                return tc.chunked_vla(*args, config=cfg)[0]
+
+            base = fwd().float()
+            for width in RUN["readout_blocks"]:
+                if width > max(16, 1 << (D - 1).bit_length()):
+                    continue
+                tc.READOUT_VALUE_BLOCK = {**default, max(16, 1 << (D - 1).bit_length()): width}
+                row: dict[str, Any] = {"D": D, "T": T, "value_block": width}
+                try:
+                    o = fwd().float()
+                    row["rel_diff"] = float((o - base).abs().max() / base.abs().max())
+                    row["median_ms"] = time_ms(fwd, device=dev)
+                    if not smoke:
+                        from torch.profiler import ProfilerActivity, profile
+
+                        torch.cuda.synchronize()
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            for _ in range(5):
+                                fwd()
+                            torch.cuda.synchronize()
+                        us = sum(e.device_time_total for e in prof.key_averages()
+                                 if e.key == "state_output_kernel")  # fmt: skip
+                        row["readout_kernel_ms"] = us / 5 / 1000
+                except Exception as exc:
+                    row["error"] = repr(exc)[:400]
+                finally:
+                    tc.READOUT_VALUE_BLOCK = default
+                rows.append(row)
+                _log(row)
+                if RUN.get("path"):
+                    RUN["path"].write_text(json.dumps(out, indent=1))
+            del x, args, base
+            if not smoke:
+                torch.cuda.empty_cache()
+
+
 def block_variants(out: dict[str, Any]) -> None:
     """Penalty-chain blocks at the short lengths (``block_variant_Ts``), where the default
     (:func:`~vla_verify.backends.triton_chunked.penalty_block_length`, measured at T = 16384
@@ -1191,6 +1255,12 @@ def main() -> None:
         help="torch.profiler traces of the forward: wall against device time, the idle gaps "
         "(host_trace); with the variants, after them",
     )
+    ap.add_argument(
+        "--readout-variants",
+        action="store_true",
+        help="the read-out's value columns per program (READOUT_VALUE_BLOCK) side by side "
+        "(readout_variants), at --variant-D; after --chain-variants",
+    )
     ap.add_argument("--D", type=int, nargs="+", default=None, help="the grid's head widths")
     ap.add_argument(
         "--fwdbwd-chunked-max-T",
@@ -1302,9 +1372,11 @@ def main() -> None:
         steps.append(lambda: minimal(out))
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
-    elif a.chain_variants or a.block_variants or a.host_trace:
+    elif a.chain_variants or a.block_variants or a.host_trace or a.readout_variants:
         if a.chain_variants:
             steps.append(lambda: chain_variants(out))
+        if a.readout_variants:
+            steps.append(lambda: readout_variants(out))
         if a.block_variants:
             steps.append(lambda: block_variants(out))
         if a.host_trace:

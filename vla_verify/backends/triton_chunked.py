@@ -124,6 +124,16 @@ PENALTY_FACTORISATION = "elimination"
 #: fastest: at D = 64 4 warps 3.57 / 1.09 ms, 2 warps 3.68 / 1.18, 8 warps 3.98 / 1.82; at
 #: D = 128 8 warps 10.98 / 3.20, 4 warps 13.07 / 3.56.
 PENALTY_CHAIN_WARPS: dict[int, int] = {}
+#: Value columns per read-out program (``state_output_kernel``'s ``BVB``) per value tile width,
+#: where they differ from the state chain's 32.  Each program loads its chunk's queries, keys
+#: and gates and forms ``Q Âᵀ`` for its columns alone, so narrower blocks repeat that work
+#: ``BV / BVB`` times over (at BV = 128, four times; the read-out took 0.49 / 2.15 ms of the
+#: forward's device time at D = 64 / 128, T = 16384 on the H200, ``h200/chunk.json``, breakdown)
+#: while wider ones hold more registers per program.  Built for sm_90 (Triton 3.6, bf16 inputs)
+#: every width keeps its tiles off the stack: 184 registers at BV = BVB = 64, 255 at BV = 128 with
+#: BVB = 64 and 247 with 128 (``benchmarks/preflight_sm90.py``).  Empty until timed
+#: (``benchmarks/gpu/chunk_h200.py --readout-variants``).
+READOUT_VALUE_BLOCK: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
@@ -671,6 +681,7 @@ def _forward(
     # the low-precision oracle, far above tf32's rounding.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
+    bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
     # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
     # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
     # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
@@ -690,9 +701,9 @@ def _forward(
             BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
             **cond,
         )  # fmt: skip
-        kernels.state_output_kernel[(NCk, BH, BV // bvb)](
+        kernels.state_output_kernel[(NCk, BH, BV // bvo)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
-            H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec,
+            H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvo, C=C, TP=TP, PREC=prec,
             NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=save_checkpoints, BUG=bug,
             num_warps=warps, **cond,
         )  # fmt: skip
