@@ -122,3 +122,31 @@ def test_the_forward_replays_from_a_cuda_graph(D: int, T: int) -> None:
     torch.cuda.synchronize()
     for name, got, want in zip(("o", "S", "A", "z"), captured, planted(*statics), strict=True):
         assert torch.equal(got, want), name
+
+
+def test_a_capture_leaves_no_unfilled_tensor_in_the_caches() -> None:
+    """The forward caches its identity and zero state; a tensor made while a graph is captured
+    is filled only when the graph replays, so a capture that meets an empty cache must not fill
+    it: after such a capture, an eager call gives the same output as before the caches were
+    emptied."""
+    config = VLAConfig()
+    statics = [x.clone() for x in _inputs(4096, 16, 64, seed=3)]
+
+    def forward(*x: torch.Tensor) -> list[torch.Tensor]:
+        o, state = tc.chunked_vla(*x, config=config)
+        return [o, *state]
+
+    want = forward(*statics)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # build the kernels outside the capture
+        forward(*statics)
+    torch.cuda.current_stream().wait_stream(side)
+    tc._IDENTITIES.clear()
+    tc._ZERO_STATES.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(*statics)
+    assert not tc._IDENTITIES and not tc._ZERO_STATES
+    for name, got, ref in zip(("o", "S", "A", "z"), forward(*statics), want, strict=True):
+        assert torch.equal(got, ref), name

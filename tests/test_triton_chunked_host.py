@@ -111,3 +111,17 @@ def test_a_planted_operation_exceeds_the_budget(
     monkeypatch.setattr(tc, "penalty_block_starts", with_a_copy)
     ops, _, _ = _count(launches, 256, 64)
     assert ops > HOST_OPERATIONS["four_blocks"][0]
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_tensors_made_during_a_graph_capture_are_not_cached(
+    launches: collections.Counter[str], monkeypatch: pytest.MonkeyPatch, capturing: bool
+) -> None:
+    """A tensor made while a CUDA graph is captured is filled only when the graph replays, so
+    the cached identity and zero state are cached only outside a capture (the capture stood in
+    for on the CPU; outside one the caches do fill, so the check can fail)."""
+    monkeypatch.setattr(tc, "_capturing", lambda device: capturing)
+    monkeypatch.setattr(tc, "_IDENTITIES", {})
+    monkeypatch.setattr(tc, "_ZERO_STATES", {})
+    _count(launches, 64, 64)
+    assert bool(tc._IDENTITIES) == bool(tc._ZERO_STATES) == (not capturing)

@@ -239,14 +239,23 @@ _IDENTITIES: dict[tuple[Any, ...], torch.Tensor] = {}
 _ZERO_STATES: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream on ``device`` is capturing a CUDA graph: a tensor made then
+    is filled only when the graph replays, so it must not be cached."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _identity(dk: int, device: torch.device) -> torch.Tensor:
     """The float64 identity of order ``dk`` on ``device``, made once (the callers only read it):
     each call's own would cost the host a launch."""
     key = (dk, device)
     if key not in _IDENTITIES:
+        eye = torch.eye(dk, dtype=torch.float64, device=device)
+        if _capturing(device):
+            return eye
         if len(_IDENTITIES) > 64:
             _IDENTITIES.clear()
-        _IDENTITIES[key] = torch.eye(dk, dtype=torch.float64, device=device)
+        _IDENTITIES[key] = eye
     return _IDENTITIES[key]
 
 
@@ -255,9 +264,12 @@ def _zero_state(BH: int, dv: int, dk: int, device: torch.device) -> torch.Tensor
     only reads its initial state."""
     key = (BH, dv, dk, device)
     if key not in _ZERO_STATES:
+        zeros = torch.zeros(BH, dv, dk, dtype=torch.float32, device=device)
+        if _capturing(device):
+            return zeros
         if len(_ZERO_STATES) > 16:  # many shapes (a property search): do not grow forever
             _ZERO_STATES.clear()
-        _ZERO_STATES[key] = torch.zeros(BH, dv, dk, dtype=torch.float32, device=device)
+        _ZERO_STATES[key] = zeros
     return _ZERO_STATES[key]
 
 
