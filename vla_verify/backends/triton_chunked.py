@@ -131,8 +131,9 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: forward's device time at D = 64 / 128, T = 16384 on the H200, ``h200/chunk.json``, breakdown)
 #: while wider ones hold more registers per program.  Built for sm_90 (Triton 3.6, bf16 inputs)
 #: every width keeps its tiles off the stack: 184 registers at BV = BVB = 64, 255 at BV = 128 with
-#: BVB = 64 and 247 with 128 (``benchmarks/preflight_sm90.py``).  Empty until timed
-#: (``benchmarks/gpu/chunk_h200.py --readout-variants``).
+#: BVB = 64 and 247 with 128 (``benchmarks/preflight_sm90.py``).  Empty, so 32 at every width:
+#: the wider blocks are untimed (``benchmarks/gpu/chunk_h200.py --readout-variants`` times
+#: them).
 READOUT_VALUE_BLOCK: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
