@@ -10,12 +10,19 @@ paper preset) this measures, after a warm-up:
 - ``sections_us``: the host's time per call in the package's functions, in each Triton launch
   and in ``torch.linalg.solve_ex`` (``perf_counter`` around each, over 30 more calls).
 
-Usage (the package first on ``PYTHONPATH``; ``--label`` names the tree measured, so that two
-trees can be measured side by side in one run)::
+Usage (the package first on ``PYTHONPATH``; ``--label`` names the tree measured)::
 
     python benchmarks/gpu/host_probe.py --out DIR [--label NAME] [--commit SHA]
 
-writes ``DIR/host_probe_<label>.json``.
+writes ``DIR/host_probe_<label>.json``.  Host times differ between processes on one machine (a
+launch whose code is the same took up to 1.9 times longer in one process than in the next), so
+to compare trees, alternate them::
+
+    python benchmarks/gpu/host_probe.py --out DIR --trees NEW_ROOT OLD_ROOT --rounds 3
+
+runs the probe for each tree (its root put first on ``PYTHONPATH``) in a fresh process, tree
+after tree, ``--rounds`` times, and writes every round and each tree's median per size to
+``DIR/host_compare.json``.
 """
 
 from __future__ import annotations
@@ -31,18 +38,59 @@ SIZES = ((64, 1024), (64, 4096), (64, 16384), (128, 4096))
 CALLS = 30
 
 
+def compare(out: Path, trees: list[str], rounds: int) -> None:
+    """The probe for each of ``trees`` in a fresh process, tree after tree, ``rounds`` times;
+    ``host_compare.json`` holds every round and each tree's median ``host_ms`` and ``wall_ms``
+    per size."""
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    for r in range(rounds):
+        for i, tree in enumerate(trees):
+            label = f"tree{i}_round{r}"
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+            subprocess.run([sys.executable, __file__, "--out", str(out), "--label", label],
+                           env=env, check=True)  # fmt: skip
+            path = out / f"host_probe_{label}.json"
+            runs[tree].append(json.loads(path.read_text()))
+            path.unlink()
+    medians = {
+        tree: {size: {key: statistics.median(run["sizes"][size][key] for run in done)
+                      for key in ("host_ms", "wall_ms")}
+               for size in done[0]["sizes"]}
+        for tree, done in runs.items()
+    }  # fmt: skip
+    (out / "host_compare.json").write_text(
+        json.dumps({"trees": trees, "rounds": rounds, "medians": medians, "runs": runs}, indent=1)
+    )
+    print(json.dumps(medians, indent=1))
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", default="tree")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--trees", nargs="+", default=None, help="roots of trees to alternate")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if a.trees:
+        compare(Path(a.out), a.trees, a.rounds)
+    else:
+        probe(Path(a.out), a.label, a.commit)
+
+
+def probe(out_dir: Path, label: str, commit: str) -> None:
     import torch
 
     from vla_verify import VLAConfig
     from vla_verify.backends import triton_chunked as tc
     from vla_verify.bench import _inputs, machine_info
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--label", default="tree")
-    ap.add_argument("--commit", default="unknown")
-    a = ap.parse_args()
     spent: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
 
@@ -65,7 +113,7 @@ def main() -> None:
             return timed("launch:" + self.name, self.kernel[grid])
 
     cfg = VLAConfig()
-    out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "label": a.label,
+    out: dict[str, Any] = {"machine": {**machine_info(), "commit": commit}, "label": label,
                            "calls": CALLS, "sizes": {}}  # fmt: skip
     for D, T in SIZES:
         x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
@@ -113,7 +161,7 @@ def main() -> None:
         out["sizes"][f"D{D}_T{T}"] = row
         del x
         torch.cuda.empty_cache()
-    path = Path(a.out) / f"host_probe_{a.label}.json"
+    path = out_dir / f"host_probe_{label}.json"
     path.write_text(json.dumps(out, indent=1))
 
 
