@@ -719,6 +719,20 @@ CHAIN_VARIANTS: tuple[tuple[str, str, str, dict[int, int] | None], ...] = (
 )
 
 
+def _kernel_device_ms(fn: Any, kernel: str, calls: int = 5) -> float:
+    """The device time of ``kernel`` per call of ``fn`` (torch.profiler, mean of ``calls``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.device_time_total for e in prof.key_averages() if e.key == kernel)
+    return us / calls / 1000
+
+
 def chain_variants(out: dict[str, Any]) -> None:
     """The chunked forward with each of :data:`CHAIN_VARIANTS` side by side, B = 1, H = grid_H,
     bf16, paper preset, at ``variant_T`` for each of ``variant_Ds``: first each variant's ``o``
@@ -756,16 +770,7 @@ def chain_variants(out: dict[str, Any]) -> None:
                 row: dict[str, Any] = {"D": D, "T": T, "variant": name, "rel_diff": diff}
                 row["median_ms"] = time_ms(fwd, device=dev)
                 if not smoke:
-                    from torch.profiler import ProfilerActivity, profile
-
-                    torch.cuda.synchronize()
-                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                        for _ in range(5):
-                            fwd()
-                        torch.cuda.synchronize()
-                    chain_us = sum(e.device_time_total for e in prof.key_averages()
-                                   if e.key == "penalty_chain_kernel")  # fmt: skip
-                    row["chain_kernel_ms"] = chain_us / 5 / 1000
+                    row["chain_kernel_ms"] = _kernel_device_ms(fwd, "penalty_chain_kernel")
                 rows.append(row)
                 _log(row)
             except Exception as exc:
@@ -816,16 +821,7 @@ def readout_variants(out: dict[str, Any]) -> None:
                     row["rel_diff"] = float((o - base).abs().max() / base.abs().max())
                     row["median_ms"] = time_ms(fwd, device=dev)
                     if not smoke:
-                        from torch.profiler import ProfilerActivity, profile
-
-                        torch.cuda.synchronize()
-                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                            for _ in range(5):
-                                fwd()
-                            torch.cuda.synchronize()
-                        us = sum(e.device_time_total for e in prof.key_averages()
-                                 if e.key == "state_output_kernel")  # fmt: skip
-                        row["readout_kernel_ms"] = us / 5 / 1000
+                        row["readout_kernel_ms"] = _kernel_device_ms(fwd, "state_output_kernel")
                 except Exception as exc:
                     row["error"] = repr(exc)[:400]
                 finally:
