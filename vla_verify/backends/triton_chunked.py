@@ -380,10 +380,10 @@ def penalty_block_starts(
     pieces' matrices.  ``normalise=True`` then applies each block's matrix
     to ``(A, I)`` and re-normalises by one solve, ``A ← Π Θ^{-1}``, block after block, so that
     no product of many blocks' matrices (whose modes separate like ``(1 + √(η‖G‖))`` per
-    period) is ever formed.  ``normalise=False`` forms the blocks' prefix products by a scan
-    (``⌈log₂ NB⌉`` batched products), applies them to ``(A0, I)`` and solves once for all
-    blocks: a few launches instead of a solve per block, exact in exact arithmetic but open to
-    the modes' separation, so its caller checks the result (:func:`_forward`).  Without nudges
+    period) is ever formed.  ``normalise=False`` applies the blocks' matrices to ``(A0; I)``
+    block after block (``NB − 1`` batched ``2dk × 2dk`` by ``2dk × dk`` products) and solves
+    once for all blocks: no solve per block, exact in exact arithmetic but open to the modes'
+    separation, so its caller checks the result (:func:`_forward`).  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
 
     ``matrices`` ``[BH, NB, 2dk, 2dk]`` float64: the blocks' matrices, from

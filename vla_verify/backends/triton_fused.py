@@ -707,9 +707,9 @@ _SPLIT_STATE_CHUNK_ABOVE = 64
 #: Key tiles wider than this build :func:`kernels.vla_state_bwd_scan_kernel` with one stage of
 #: Triton's software pipeline: on an H100 (bf16 inputs, T = 16384, ``benchmarks/gpu/
 #: chunk_h200.py --adjoint``) its default build asked 242176 bytes of shared memory at BK = 128,
-#: above the 232448 an sm_90 block may use, where the offline build for the same constexprs
-#: (``benchmarks/preflight_sm90.py``, which does not see the launch's argument alignments)
-#: reported 213504.
+#: above the 232448 an sm_90 block may use (an offline build without the launch's argument
+#: alignments had reported 213504; ``benchmarks/preflight_sm90.py`` builds with them and reports
+#: 242176, ``sm90/preflight_aligned_128_f61ae7f.json``).  In one stage it asks 79872.
 _STATE_SCAN_ONE_STAGE_ABOVE = 64
 #: Key tiles wider than this build the pieces' scan and piece kernels with one stage of
 #: Triton's software pipeline (``num_stages=1``: the loads in their loops are not
