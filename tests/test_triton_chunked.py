@@ -106,12 +106,13 @@ def test_chunked_vla_initial_state_and_bfloat16() -> None:
 @pytest.mark.parametrize("width", [64, 128])
 def test_wider_readout_value_blocks_give_the_same_output(monkeypatch, width: int) -> None:
     """``READOUT_VALUE_BLOCK`` (the read-out's value columns per program) changes which program
-    forms which columns, not the values: the output equals the default's to the float32
+    forms which columns, not the values: the output equals the 32 columns' to the float32
     products' rounding, and meets the oracle's budget, across chunk boundaries (dv = 128, so
-    the default runs four programs per chunk and the widths one or two)."""
+    32 columns run four programs per chunk and the widths one or two)."""
     inputs, _ = _inputs(70, 8, 128, H=1, seed=11)
     fn = backends.get("triton_chunked", chunk_size=32)
     t = [torch.tensor(x, dtype=torch.float32) for x in inputs]
+    monkeypatch.setattr(tc, "READOUT_VALUE_BLOCK", {})
     o_default = fn(*t, config=PAPER)[0]
     monkeypatch.setattr(tc, "READOUT_VALUE_BLOCK", {128: width})
     o_wide = fn(*t, config=PAPER)[0]

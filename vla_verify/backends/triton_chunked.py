@@ -127,14 +127,15 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: Value columns per read-out program (``state_output_kernel``'s ``BVB``) per value tile width,
 #: where they differ from the state chain's 32.  Each program loads its chunk's queries, keys
 #: and gates and forms ``Q Âᵀ`` for its columns alone, so narrower blocks repeat that work
-#: ``BV / BVB`` times over (at BV = 128, four times; the read-out took 0.49 / 2.15 ms of the
-#: forward's device time at D = 64 / 128, T = 16384 on the H200, ``h200/chunk.json``, breakdown)
-#: while wider ones hold more registers per program.  Built for sm_90 (Triton 3.6, bf16 inputs)
-#: every width keeps its tiles off the stack: 184 registers at BV = BVB = 64, 255 at BV = 128 with
-#: BVB = 64 and 247 with 128 (``benchmarks/preflight_sm90.py``).  Empty, so 32 at every width:
-#: the wider blocks are untimed (``benchmarks/gpu/chunk_h200.py --readout-variants`` times
-#: them).
-READOUT_VALUE_BLOCK: dict[int, int] = {}
+#: ``BV / BVB`` times over, while wider ones hold more registers per program.  Built for sm_90
+#: (Triton 3.6, bf16 inputs) every width keeps its tiles off the stack: 184 registers at
+#: BV = BVB = 64, 255 at BV = 128 with BVB = 64 and 247 with 128
+#: (``benchmarks/preflight_sm90.py``).  The read-out kernel's device time on the H200, B = 1,
+#: H = 16, bf16, 32 columns against the table's (``h200/readout_variants_075acb0.json``,
+#: ``benchmarks/gpu/chunk_h200.py --readout-variants``): at D = 64 0.148 against 0.110 ms at
+#: T = 16384 and 0.556 against 0.408 at 65536; at D = 128 0.990 against 0.414 and 3.94 against
+#: 1.60 (64 columns: 0.590 and 2.32).
+READOUT_VALUE_BLOCK: dict[int, int] = {64: 64, 128: 128}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start

@@ -294,6 +294,7 @@ _MEASURED: dict[int, _Measured] = {
             "h200/stream/period_loop_fixed.json",
             "h200/two_pass_sweeps/run8_d07206e.json",
             "h200/two_pass_sweep.json",
+            "h200/adjoint_d128_075acb0.json",
         ),
         # forward + backward at T = 16384: 8 blocks 200.8 ms against 202.3 in one pass (fused
         # 195.8 against 196.8), not worth the blocks' memory (h200/adjoint.json).
@@ -301,9 +302,11 @@ _MEASURED: dict[int, _Measured] = {
         # the chunk kernel needed 242176 bytes of shared memory at C = 64 in one launch, above
         # the H200's 232448 (h200/adjoint.json), and the pieces' kernels 262144 and 380928
         # (sm90/preflight_pieces_128.json); built as _SPLIT_STATE_CHUNK_ABOVE and
-        # _PIECES_ONE_STAGE_ABOVE say, all fit (sm90/preflight_adjoints_128.json).  Not timed.
-        chunked_state_adjoint=False,
-        chunked_penalty_adjoint=False,
+        # _PIECES_ONE_STAGE_ABOVE say, all fit (sm90/preflight_adjoints_128.json).  Forward +
+        # backward of the chunked backend at T = 16384 with both in chunks 63.7 ms, the state's
+        # alone 146.8, both per token 168.4 (h200/adjoint_d128_075acb0.json).
+        chunked_state_adjoint=True,
+        chunked_penalty_adjoint=True,
         # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
         # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
         parallel_rerun=True,
