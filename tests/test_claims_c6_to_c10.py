@@ -184,4 +184,4 @@ def test_c9_crossover_takes_the_faster_vla_kernel_of_one_run(tmp_path):
     assert both.method == f"read {path}"
     # The speed-up and the exponent still come from the package's recurrent grid.
     speedup = {r.id: r for r in c9_kernel_speed.run(ctx, crossover_path=path)}["C9.speedup"]
-    assert speedup.method == "read vla_verify/data/h200_fused.json"
+    assert speedup.method == "read vla_verify/data/h200_fused.json (NVIDIA H200)"

@@ -32,21 +32,20 @@ __all__ = [
 #: the narrowest width at least ``dk``; no row (keys wider than every row) or ``None``: never.
 #: Each row is the first measured length from which the chunked kernel is faster than the
 #: recurrent one, side by side (B = 1, H = 16, bf16, paper preset), ms chunked / recurrent:
-#: at D = 64 0.96 / 0.87 (T = 1024), 2.50 / 3.41 (4096); at D = 128 1.78 / 1.17 (1024),
-#: 3.86 / 4.62 (4096), 10.9 / 18.4 (16384) (an H100, ``benchmarks/results/h100/
-#: forward_graph_eaff479.json``, eager calls); at T = 2048 the recurrent kernel was faster at
-#: both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``,
-#: where D = 128 ran one block at 2048 tokens as the chunked kernel still does).  The chunked
-#: kernel stays reachable with ``kernel="chunked"``.
+#: at D = 64 0.926 / 0.869 (T = 1024), 1.58 / 3.41 (4096); at D = 128 1.79 / 1.17 (1024),
+#: 3.16 / 4.58 (4096), 9.70 / 18.1 (16384) (an H100, ``benchmarks/results/h100/chunk.json``,
+#: one grid at one commit); at T = 2048 the recurrent kernel was faster at both widths
+#: (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``, where D = 128
+#: ran one block at 2048 tokens as the chunked kernel still does).  The chunked kernel stays
+#: reachable with ``kernel="chunked"``.
 FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
 #: key width (as :data:`FORWARD_CROSSOVER_T`).  Both backwards are the recurrent adjoint (the
 #: chunked one from its forward's checkpoints and chain values).  Forward + backward, chunked
-#: against recurrent, ms: at D = 64 3.94 / 2.62 (T = 1024), 8.72 / 8.94 (4096), 27.2 / 36.4
-#: (16384) (``benchmarks/results/h200/chunk.json``), and 8.88 / 6.53 at T = 2048
-#: (``forward_crossover.json``); at D = 128 44.1 / 47.6 (4096) and 171.9 / 190.3 (16384) on
-#: an H100 (``benchmarks/results/h100/training_d128_eaff479.json``), 12.8 / 12.0 at 1024 on
-#: the H200 (``chunk_d128.json``, where one block runs and its forward was exact).
+#: against recurrent, ms, from the same grid (``benchmarks/results/h100/chunk.json``): at
+#: D = 64 2.36 / 2.39 (T = 1024, within 1 %), 6.19 / 8.39 (4096), 21.0 / 33.7 (16384), and
+#: 8.88 / 6.53 at T = 2048 on the H200 (``h200/forward_crossover.json``, older kernels); at
+#: D = 128 5.37 / 5.32 (1024), 16.9 / 20.7 (4096), 64.2 / 83.1 (16384).
 TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 
 _KERNELS: dict[str, Any] = {}

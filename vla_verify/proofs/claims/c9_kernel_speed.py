@@ -31,7 +31,8 @@ grid too coarse to place the crossing decides nothing.
 The crossover asks whether VLA, by whichever of its kernels is faster at each T, beats softmax
 attention; so it reads the run that timed the chunked kernel, the recurrent one and SDPA side
 by side (``benchmarks/gpu/chunk_h200.py``; by default the package's copy
-``vla_verify/data/h200_chunk.json`` of ``benchmarks/results/h200/chunk.json``), and takes per
+``vla_verify/data/chunk.json`` of the newest grid, ``benchmarks/results/h100/chunk.json``,
+which names its GPU), and takes per
 T the faster of ``vla_triton_fused`` and ``vla_triton_chunked`` against ``sdpa`` of the same
 run.  An explicit ``path`` is read for all three sub-claims; ``crossover_path`` overrides the
 crossover's file.
@@ -52,8 +53,8 @@ __all__ = ["CLAIM", "RESULTS", "load_rows", "run"]
 
 #: The package's copy of the stored results (``benchmarks/results/h200/fused.json``).
 RESULTS = "data/h200_fused.json"
-#: The package's copy of the chunked kernel's run (``benchmarks/results/h200/chunk.json``).
-CROSSOVER_RESULTS = "data/h200_chunk.json"
+#: The package's copy of the chunked kernel's run (``benchmarks/results/h100/chunk.json``).
+CROSSOVER_RESULTS = "data/chunk.json"
 #: The VLA kernels whose faster time, per T, meets softmax attention.
 VLA_KERNELS = ("vla_triton_fused", "vla_triton_chunked")
 PAPER_SPEEDUP = 14.0
@@ -64,7 +65,8 @@ def load_rows(
     path: Path | None = None, packaged_name: str = RESULTS
 ) -> tuple[list[dict[str, Any]] | None, str]:
     """The benchmark rows of ``path`` (default: the package's copy ``packaged_name``, which is
-    :data:`RESULTS` unless given) and where they came from, or ``(None, why not)``."""
+    :data:`RESULTS` unless given) and where they came from (the file, and the GPU its machine
+    record names), or ``(None, why not)``."""
     if path is None:
         packaged = resources.files("vla_verify").joinpath(packaged_name)
         if not packaged.is_file():
@@ -78,6 +80,9 @@ def load_rows(
     rows = data.get("records") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         return None, f"{source}: expected {{'records': [...]}}"
+    machine = data.get("machine")
+    if isinstance(machine, dict) and machine.get("gpu"):
+        source = f"{source} ({machine['gpu']})"
     return rows, source
 
 
