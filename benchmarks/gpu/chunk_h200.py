@@ -1143,6 +1143,21 @@ def _rerun_instead(fn: Any) -> Any:
     return run
 
 
+def training_breakdown(out: dict[str, Any]) -> None:
+    """Where a training step's device time goes: :func:`_adjoint_breakdown` at each of
+    ``adjoint_sizes``, without the modes and the gradient check of :func:`adjoint`."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.bench import _inputs
+
+    out["adjoint"] = {}
+    for D, T in RUN["adjoint_sizes"]:
+        x = _inputs(1, T, RUN["grid_H"], D, torch.float32 if RUN["smoke"] else torch.bfloat16,
+                    RUN["device"])  # fmt: skip
+        _adjoint_breakdown(out, x, VLAConfig(), T, D)
+
+
 def _adjoint_breakdown(out: dict[str, Any], x: dict[str, Any], cfg: Any, T: int, D: int) -> None:
     """Device time per kernel (torch.profiler, mean of 3) of one forward + backward of each VLA
     backend with the default plan: where the training step's time goes."""
@@ -1281,6 +1296,12 @@ def main() -> None:
         help="only the blocked adjoint against one pass (gradients, times, kernel breakdown)",
     )
     ap.add_argument(
+        "--training-breakdown",
+        action="store_true",
+        help="only the device time per kernel of forward + backward with the default plan, at "
+        "--adjoint-sizes (the last step of --adjoint, alone)",
+    )
+    ap.add_argument(
         "--adjoint-sizes",
         nargs="+",
         type=_dxt,
@@ -1368,6 +1389,8 @@ def main() -> None:
         steps.append(lambda: minimal(out))
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
+    elif a.training_breakdown:
+        steps.append(lambda: training_breakdown(out))
     elif a.chain_variants or a.block_variants or a.host_trace or a.readout_variants:
         if a.chain_variants:
             steps.append(lambda: chain_variants(out))
