@@ -49,3 +49,39 @@ def test_planted_slip_in_the_low_rank_scan_is_rejected() -> None:
     x["u"] *= 8.0
     bad = scan.scan_low_rank(x, bug=scan.BUG_NO_HALF)
     assert _relative(bad["sig0"], scan.scan_float64(x)) > 100 * FLOAT32_SCAN
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_grouped_scan_equals_the_shipped_scan(m: int) -> None:
+    """Groups of ``m`` pieces composed, scanned by the shipped kernel and expanded give every
+    output of the shipped scan over the pieces, with a piece count that ``m`` does not divide
+    (the last group padded with identities)."""
+    x = scan.make_inputs(2, 7, 16, 16, seed=4)
+    x["u"] *= 8.0
+    qm = scan.form_q(x)
+    grouped, shipped = scan.scan_grouped(x, qm, m), scan.scan_shipped(x, qm)
+    for name in ("sig", "dze", "sig0", "dz0"):
+        assert _relative(grouped[name], shipped[name]) < FLOAT32_SCAN, name
+
+
+def test_planted_slip_in_the_grouped_scan_is_rejected() -> None:
+    """Composing a group's pieces in the wrong order fails the same comparison."""
+    x = scan.make_inputs(2, 7, 16, 16, seed=4)
+    x["u"] *= 8.0
+    qm = scan.form_q(x)
+    bad = scan.scan_grouped(x, qm, 4, bug=scan.BUG_COMPOSE_ORDER)
+    assert _relative(bad["sig0"], scan.scan_float64(x)) > 100 * FLOAT32_SCAN
+
+
+def test_the_timing_script_checks_every_variant(tmp_path) -> None:
+    """The GPU script's loop on the CPU with a stand-in timer: every variant is checked against
+    the float64 scan and the shipped kernel (the float32 variants to rounding), and the file is
+    written."""
+    result = scan.main(str(tmp_path), device="cpu", widths=(16,), bh=1, pieces=5,
+                       timer=lambda fn: 0.0)  # fmt: skip
+    names = {r["variant"] for r in result["records"]}
+    assert {"shipped", "low_rank", "grouped2", "grouped16_tf32"} <= names
+    for r in result["records"]:
+        assert r["sig0_error_vs_float64"] < FLOAT32_SCAN, r
+        assert r["sig_error_vs_shipped"] < FLOAT32_SCAN, r
+    assert (tmp_path / "penalty_scan_low_rank.json").is_file()

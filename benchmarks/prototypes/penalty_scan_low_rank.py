@@ -1,6 +1,8 @@
-"""The penalty adjoint's scan with each piece's ``Q`` in compact WY form: a Triton prototype
-beside the shipped ``vla_penalty_bwd_scan_kernel`` (not a backend; design doc
-``docs/design/triton_chunked.md``, "Where a training step's time goes").
+"""Two faster forms of the penalty adjoint's scan, prototyped beside the shipped
+``vla_penalty_bwd_scan_kernel`` (not a backend; design doc ``docs/design/triton_chunked.md``,
+"Where a training step's time goes"): each piece's ``Q`` in compact WY form (a Triton kernel),
+and groups of pieces composed before the scan (:func:`scan_grouped`, PyTorch around the
+shipped kernel).
 
 The shipped scan loads each piece's ``Q = I − Uᵀ M`` (``U`` the piece's penalties, ``M = Tᵀ S``
 from its compact WY factor, both ``[n, d]``) as a ``d × d`` tile and forms ``Q Σ Qᵀ`` by two
@@ -15,8 +17,8 @@ updates) instead of ``2 d³``, and loads ``U`` and ``M`` (``8 n d`` bytes) inste
 :func:`scan_low_rank` runs it with the shipped kernel's inputs and outputs otherwise (the local
 term ``sym(Ãᵀ K̃)`` loaded per piece, ``Σ`` and ``dz`` stored after every piece);
 :func:`scan_shipped` runs the shipped kernel on ``Q`` formed from the same ``U`` and ``M``.
-``python benchmarks/prototypes/penalty_scan_low_rank.py OUT`` (on a GPU) checks both against a
-float64 scan and times them with ``triton.testing.do_bench`` (B = 1, H = 16, 1024 pieces of 32
+``python benchmarks/prototypes/penalty_scan_low_rank.py OUT`` (on a GPU) checks every variant
+against a float64 scan and the shipped kernel and times them with ``triton.testing.do_bench`` (B = 1, H = 16, 1024 pieces of 32
 rows: the paper preset at T = 16384), writing ``OUT/penalty_scan_low_rank.json``;
 ``--preflight [JSON]`` builds both for sm_90 without a GPU (:func:`preflight`).  Built so
 (Triton 3.6, ``benchmarks/results/sm90/penalty_scan_low_rank_preflight.json``), the two keep
@@ -35,8 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-#: A planted slip for the meta-test: the rank-``n`` correction without the ½ on ``Z U``.
+#: Planted slips for the meta-tests: the rank-``n`` correction without the ½ on ``Z U``; the
+#: pieces of a group composed in the wrong order.
 BUG_NO_HALF = tl.constexpr(1)
+BUG_COMPOSE_ORDER = 2
 
 
 @triton.jit
@@ -149,6 +153,72 @@ def scan_float64(x: dict[str, torch.Tensor]) -> torch.Tensor:
     return sig
 
 
+def compose(
+    qm: torch.Tensor, lm: torch.Tensor, dzp: torch.Tensor, m: int, *, bug: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each group of ``m`` consecutive pieces as one piece: ``Q_g = Q_{i0} ⋯ Q_{i0+m-1}``,
+    ``L_g = Σ_k (Q_{i0} ⋯ Q_{i0+k-1}) L_{i0+k} (⋯)ᵀ`` and ``dz_g = Σ_k dz_{i0+k}`` (the scan
+    runs backwards, so the earlier piece's map is applied last), by pairs in ``log₂ m`` batched
+    levels.  The pieces are padded to a multiple of ``m`` with identities (``Q = I, L = 0``).
+    ``qm, lm`` ``[bh, P, d, d]``, ``dzp`` ``[bh, P, d]``; returns ``[bh, ⌈P/m⌉, …]``."""
+    bh, P, d, _ = qm.shape
+    pad = -P % m
+    if pad:
+        eye = torch.eye(d, dtype=qm.dtype, device=qm.device).expand(bh, pad, d, d)
+        qm = torch.cat([qm, eye], 1)
+        lm = torch.cat([lm, lm.new_zeros(bh, pad, d, d)], 1)
+        dzp = torch.cat([dzp, dzp.new_zeros(bh, pad, d)], 1)
+    while qm.shape[1] > (P + pad) // m:
+        qa, qb = qm[:, 0::2], qm[:, 1::2]  # a the earlier piece of each pair, b the later
+        la, lb = lm[:, 0::2], lm[:, 1::2]
+        if bug == BUG_COMPOSE_ORDER:
+            qa, qb, la, lb = qb, qa, lb, la
+        lm = qa @ lb @ qa.transpose(-1, -2) + la
+        qm = qa @ qb
+        dzp = dzp[:, 0::2] + dzp[:, 1::2]
+    return qm, lm, dzp
+
+
+def scan_grouped(
+    x: dict[str, torch.Tensor], qm: torch.Tensor, m: int, *, bug: int = 0
+) -> dict[str, torch.Tensor]:
+    """The shipped scan kernel over groups of ``m`` pieces (:func:`compose`), then each group's
+    inner ``Σ`` and ``dz`` from its end, ``m − 1`` congruences batched over every group and
+    head (``Σ`` after piece ``i − 1`` is ``Q_i Σ Q_iᵀ + L_i`` of ``Σ`` after piece ``i``): the
+    scan's sequential steps divided by ``m`` for ``5(m − 1) d³`` multiply-adds a group off it.
+    Outputs as :func:`scan_shipped`'s (its products in PyTorch's float32 matmul precision)."""
+    from vla_verify.backends.triton_fused_kernels import vla_penalty_bwd_scan_kernel
+
+    bh, P, _n, d = x["u"].shape
+    qg, lg, dzg = compose(qm, x["lm"], x["dzp"], m, bug=bug)
+    G = qg.shape[1]
+    grouped = {"sig": torch.empty(bh, G, d, d, device=qm.device),
+               "dze": torch.empty(bh, G, d, device=qm.device)}  # fmt: skip
+    out = _outputs(x)
+    vla_penalty_bwd_scan_kernel[(bh,)](
+        qg.contiguous(), lg.contiguous(), dzg.contiguous(), x["daT"], x["dzT"], grouped["sig"],
+        grouped["dze"], out["sig0"], out["dz0"], d, G, BK=d, ACC=tl.float32, num_warps=8,
+        **({"num_stages": 1} if d > 64 else {}),
+    )  # fmt: skip
+    # Σ and dz after the last piece of each group, then after each earlier piece.
+    sig = torch.empty(bh, G * m, d, d, device=qm.device)
+    dze = torch.empty(bh, G * m, d, device=qm.device)
+    pad = G * m - P
+    eye = torch.eye(d, dtype=qm.dtype, device=qm.device).expand(bh, pad, d, d)
+    q = torch.cat([qm, eye], 1) if pad else qm  # the padding's Q = I, as compose's
+    lm = torch.cat([x["lm"], x["lm"].new_zeros(bh, pad, d, d)], 1) if pad else x["lm"]
+    dzp = torch.cat([x["dzp"], x["dzp"].new_zeros(bh, pad, d)], 1) if pad else x["dzp"]
+    cur, cur_dz = grouped["sig"], grouped["dze"]
+    for k in reversed(range(m)):
+        sig[:, k::m], dze[:, k::m] = cur, cur_dz
+        if k:
+            qk = q[:, k::m]
+            cur = qk @ cur @ qk.transpose(-1, -2) + lm[:, k::m]
+            cur_dz = cur_dz + dzp[:, k::m]
+    out["sig"], out["dze"] = sig[:, :P].contiguous(), dze[:, :P].contiguous()
+    return out
+
+
 def preflight() -> list[dict[str, Any]]:
     """Both scan kernels built for sm_90 without a GPU (as ``benchmarks/preflight_sm90.py``
     builds the shipped kernels, with the launch's alignments): registers and stack per thread
@@ -201,34 +271,64 @@ def preflight() -> list[dict[str, Any]]:
     return rows
 
 
-def main(out_dir: str) -> None:
-    from triton.testing import do_bench
-
+def main(
+    out_dir: str,
+    *,
+    device: str = "cuda",
+    widths: tuple[int, ...] = (64, 128),
+    bh: int = 16,
+    pieces: int = 1024,
+    timer: Any = None,
+) -> dict[str, Any]:
+    """On a GPU: every variant's ``Σ`` before the span against the float64 scan and its ``Σ``
+    after every piece against the shipped kernel's, then ``do_bench`` medians (``timer``),
+    side by side."""
     from vla_verify.bench import machine_info
 
+    if timer is None:
+        from triton.testing import do_bench
+
+        def timer(fn: Any) -> float:
+            return float(do_bench(fn, warmup=100, rep=500))
+
     result: dict[str, Any] = {"machine": machine_info(), "records": []}
-    for d in (64, 128):
-        x = make_inputs(16, 1024, d, device="cuda")
+    for d in widths:
+        x = make_inputs(bh, pieces, d, device=device)
         qm = form_q(x)
-        low, shipped = scan_low_rank(x), scan_shipped(x, qm)
         ref = scan_float64(x)
-        scale = float(ref.abs().max())
-        errors = {
-            "low_rank": float((low["sig0"].double() - ref).abs().max()) / scale,
-            "shipped": float((shipped["sig0"].double() - ref).abs().max()) / scale,
+        shipped = scan_shipped(x, qm)
+        variants: dict[str, Any] = {
+            "shipped": lambda x=x, qm=qm: scan_shipped(x, qm),
+            "low_rank": lambda x=x: scan_low_rank(x),
         }
-        rec = {
-            "d": d,
-            "pieces": 1024,
-            "bh": 16,
-            "relative_error_vs_float64": errors,
-            "shipped_ms": do_bench(lambda x=x, qm=qm: scan_shipped(x, qm), warmup=100, rep=500),
-            "low_rank_ms": do_bench(lambda x=x: scan_low_rank(x), warmup=100, rep=500),
-        }
-        result["records"].append(rec)
-        print(rec, flush=True)
+        for m in (2, 4, 8, 16):
+            variants[f"grouped{m}"] = lambda x=x, qm=qm, m=m: scan_grouped(x, qm, m)
+            variants[f"grouped{m}_tf32"] = lambda x=x, qm=qm, m=m: _tf32(scan_grouped, x, qm, m)
+        for name, fn in variants.items():
+            got = fn()
+            rec = {
+                "d": d, "pieces": pieces, "bh": bh, "variant": name,
+                "sig0_error_vs_float64": float((got["sig0"].double() - ref).abs().max()
+                                               / ref.abs().max()),
+                "sig_error_vs_shipped": float((got["sig"] - shipped["sig"]).abs().max()
+                                              / shipped["sig"].abs().max()),
+                "median_ms": timer(fn),
+            }  # fmt: skip
+            result["records"].append(rec)
+            print(rec, flush=True)
     path = Path(out_dir) / "penalty_scan_low_rank.json"
     path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _tf32(fn: Any, *args: Any) -> Any:
+    """``fn`` with PyTorch's float32 products on tf32 tensor cores."""
+    before = torch.backends.cuda.matmul.allow_tf32  # the CPU's float32 products ignore it
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return fn(*args)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 if __name__ == "__main__":
