@@ -18,8 +18,9 @@ updates) instead of ``2 d³``, and loads ``U`` and ``M`` (``8 n d`` bytes) inste
 term ``sym(Ãᵀ K̃)`` loaded per piece, ``Σ`` and ``dz`` stored after every piece);
 :func:`scan_shipped` runs the shipped kernel on ``Q`` formed from the same ``U`` and ``M``.
 ``python benchmarks/prototypes/penalty_scan_low_rank.py OUT`` (on a GPU) checks every variant
-against a float64 scan and the shipped kernel and times them with ``triton.testing.do_bench`` (B = 1, H = 16, 1024 pieces of 32
-rows: the paper preset at T = 16384), writing ``OUT/penalty_scan_low_rank.json``;
+against a float64 scan and the shipped kernel and times them with ``triton.testing.do_bench``
+(B = 1, H = 16, 1024 pieces of 32 rows: the paper preset at T = 16384), writing
+``OUT/penalty_scan_low_rank.json``;
 ``--preflight [JSON]`` builds both for sm_90 without a GPU (:func:`preflight`).  Built so
 (Triton 3.6, ``benchmarks/results/sm90/penalty_scan_low_rank_preflight.json``), the two keep
 ``Σ`` partly on the stack alike at BK = 128 (888 against 872 bytes per thread at 8 warps, one
