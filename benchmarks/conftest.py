@@ -4,8 +4,8 @@
   (:func:`vla_verify.bench.machine_info`): pytest-benchmark's own machine id ignores the GPU.
 - Results are stored per GPU: ``--benchmark-storage`` defaults to
   ``benchmarks/results/<gpu>/pytest-benchmark/`` (``<gpu>`` the device name without its vendor
-  and its memory, e.g. ``h200``, ``h100``: :func:`slug_of`), so that baselines of different
-  cards are never compared.
+  and its memory, e.g. ``h200``, ``h100``: ``vla_verify.bench.card_folder``), so that
+  baselines of different cards are never compared.
 - Timing is done by CUDA events (``triton.testing.do_bench``) inside the benchmark functions, not
   by pytest-benchmark's host clock (see ``test_bench_triton.py``).
 
@@ -20,7 +20,6 @@ Regression gate, on the same machine::
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -31,23 +30,16 @@ os.environ.pop("TRITON_INTERPRET", None)
 RESULTS = Path(__file__).parent / "results"
 
 
-def slug_of(name: str) -> str:
-    """The results folder of a device name: lower case, without the vendor and without the
-    memory's size and kind, which name the same card (``NVIDIA H100 80GB HBM3`` -> ``h100``,
-    ``NVIDIA H200`` -> ``h200``), but with the form factor, which changes its speed
-    (``NVIDIA H100 PCIe`` -> ``h100-pcie``)."""
-    words = re.findall(r"[a-z0-9]+", name.lower())
-    kept = [w for w in words if w != "nvidia" and not re.fullmatch(r"\d+gb|hbm\d*e?", w)]
-    return "-".join(kept) or "gpu"
-
-
 def gpu_slug() -> str:
-    """The results folder of the first CUDA device (:func:`slug_of`; ``cpu`` without one)."""
+    """The results folder of the first CUDA device (``vla_verify.bench.card_folder``; ``cpu``
+    without one)."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return slug_of(torch.cuda.get_device_name(0))
+            from vla_verify.bench import card_folder
+
+            return card_folder(torch.cuda.get_device_name(0))
     except ImportError:
         pass
     return "cpu"

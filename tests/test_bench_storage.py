@@ -1,20 +1,18 @@
 """The GPU benchmarks' baselines are stored per card (``benchmarks/conftest.py``): the folder
-name of a device, and the committed baselines sitting where a run on their card looks."""
+name of a device, and the committed baselines sitting where a run on their card looks.  (The
+benchmarks' conftest is not imported here: it unsets ``TRITON_INTERPRET``, which the kernel
+tests of the same process need.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from vla_verify.bench import card_folder
+
 ROOT = Path(__file__).resolve().parents[1]
-_PATH = ROOT / "benchmarks" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("bench_conftest", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_conftest)
 
 
 @pytest.mark.parametrize(
@@ -28,8 +26,8 @@ _spec.loader.exec_module(bench_conftest)
         ("NVIDIA H200 141GB HBM3e", "h200"),
     ],
 )
-def test_slug_of_keeps_the_card_and_its_form_factor(name: str, slug: str) -> None:
-    assert bench_conftest.slug_of(name) == slug
+def test_card_folder_keeps_the_card_and_its_form_factor(name: str, slug: str) -> None:
+    assert card_folder(name) == slug
 
 
 def test_every_stored_baseline_is_in_its_cards_folder() -> None:
@@ -41,4 +39,4 @@ def test_every_stored_baseline_is_in_its_cards_folder() -> None:
     for path in stored:
         folder = path.relative_to(ROOT / "benchmarks" / "results").parts[0]
         gpu = json.loads(path.read_text())["machine_info"]["gpu"]["gpu"]
-        assert bench_conftest.slug_of(gpu) == folder, (path, gpu)
+        assert card_folder(gpu) == folder, (path, gpu)

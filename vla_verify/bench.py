@@ -64,6 +64,7 @@ __all__ = [
     "Suite",
     "SuiteRun",
     "add_arguments",
+    "card_folder",
     "fitted_exponents",
     "format_table",
     "load_run",
@@ -241,6 +242,18 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def card_folder(device_name: str) -> str:
+    """The results folder of a device name (``benchmarks/results/<folder>/``): lower case,
+    without the vendor and without the memory's size and kind, which name the same card
+    (``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA H200`` -> ``h200``), but with the form
+    factor, which changes its speed (``NVIDIA H100 PCIe`` -> ``h100-pcie``)."""
+    import re
+
+    words = re.findall(r"[a-z0-9]+", device_name.lower())
+    kept = [w for w in words if w != "nvidia" and not re.fullmatch(r"\d+gb|hbm\d*e?", w)]
+    return "-".join(kept) or "gpu"
 
 
 def machine_info() -> dict[str, Any]:
