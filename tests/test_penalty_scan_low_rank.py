@@ -1,6 +1,7 @@
 """The penalty adjoint's scan with ``Q`` in compact WY form
-(``benchmarks/prototypes/penalty_scan_low_rank.py``) against the shipped scan kernel and a
-float64 reference, under Triton's interpreter on the CPU."""
+(``benchmarks/prototypes/penalty_scan_low_rank.py``) and the backend's scan in groups of pieces
+against the backend's scan piece after piece and a float64 reference, under Triton's
+interpreter on the CPU."""
 
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def test_planted_slip_in_the_low_rank_scan_is_rejected() -> None:
 
 @pytest.mark.parametrize("m", [2, 4])
 def test_grouped_scan_equals_the_shipped_scan(m: int) -> None:
-    """Groups of ``m`` pieces composed, scanned by the shipped kernel and expanded give every
-    output of the shipped scan over the pieces, with a piece count that ``m`` does not divide
-    (the last group padded with identities)."""
+    """Groups of ``m`` pieces composed, scanned and expanded (the backend's
+    ``penalty_scan_group``) give every output of the scan piece after piece, with ``Q`` far
+    from the identity and a piece count that ``m`` does not divide (a short last group)."""
     x = scan.make_inputs(2, 7, 16, 16, seed=4)
     x["u"] *= 8.0
     qm = scan.form_q(x)
@@ -65,11 +66,14 @@ def test_grouped_scan_equals_the_shipped_scan(m: int) -> None:
 
 
 def test_planted_slip_in_the_grouped_scan_is_rejected() -> None:
-    """Composing a group's pieces in the wrong order fails the same comparison."""
+    """Composing a group's ``Q`` in the reverse order (the backend's planted bug) fails the
+    float64 comparison."""
+    from vla_verify.backends.triton_fused_kernels import Bug
+
     x = scan.make_inputs(2, 7, 16, 16, seed=4)
     x["u"] *= 8.0
     qm = scan.form_q(x)
-    bad = scan.scan_grouped(x, qm, 4, bug=scan.BUG_COMPOSE_ORDER)
+    bad = scan.scan_grouped(x, qm, 4, bug=int(Bug.GROUP_ORDER))
     assert _relative(bad["sig0"], scan.scan_float64(x)) > 100 * FLOAT32_SCAN
 
 
@@ -80,7 +84,7 @@ def test_the_timing_script_checks_every_variant(tmp_path) -> None:
     result = scan.main(str(tmp_path), device="cpu", widths=(16,), bh=1, pieces=5,
                        timer=lambda fn: 0.0)  # fmt: skip
     names = {r["variant"] for r in result["records"]}
-    assert {"shipped", "low_rank", "grouped2", "grouped16_tf32"} <= names
+    assert {"shipped", "low_rank", "grouped4", "grouped32"} <= names
     for r in result["records"]:
         assert r["sig0_error_vs_float64"] < FLOAT32_SCAN, r
         assert r["sig_error_vs_shipped"] < FLOAT32_SCAN, r

@@ -192,6 +192,7 @@ _KERNELS = ("vla_stream_kernel", "vla_gate_kernel", "vla_state_bwd_kernel", "vla
 _CHUNKED_KERNELS = (
     "vla_state_bwd_prep_kernel", "vla_state_bwd_scan_kernel", "vla_state_bwd_chunk_kernel",
     "vla_penalty_bwd_prep_kernel", "vla_penalty_bwd_scan_kernel", "vla_penalty_bwd_piece_kernel",
+    "vla_penalty_bwd_group_kernel",
 )  # fmt: skip
 
 
@@ -256,6 +257,7 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
     needs = {
         "adjoint_blocks": {"checkpoint_every": 1},
         "parallel_rerun": {"checkpoint_every": 1},
+        "penalty_scan_group": {"chunked_penalty_adjoint": True, "checkpoint_every": 1},
     }
     default = _launches(monkeypatch, be, x)
     assert {name for name, _, _ in default} == set(_KERNELS)
@@ -1009,6 +1011,44 @@ def test_chunked_adjoints_at_128_wide_keys() -> None:
     planted = dict(_grad_check(config, 5, torch.float32, bug="chunk_triangle_off_by_one", ck=8,
                                dk=100, **options))  # fmt: skip
     assert not planted["k"].passed
+
+
+def test_grouped_penalty_scan_equals_the_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pieces' scan through groups of pieces (composed, scanned, expanded) gives the
+    gradients of the scan piece after piece to float32 rounding: 17 pieces at T = 40
+    (checkpoints every 8, a nudge every 3), in groups of 4 (a short last group) and of 64 (the
+    ungrouped path); the group kernel launches where the pieces outnumber the group."""
+    tf = _fused()
+    launched: list[int] = []
+    kernel = tf.kernels.vla_penalty_bwd_group_kernel
+
+    class Counted:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            launched.append(grid[0])
+            return kernel[grid]
+
+    monkeypatch.setattr(tf.kernels, "vla_penalty_bwd_group_kernel", Counted())
+    f32, config = torch.float32, VLAConfig(nudge_period=3)
+    ref = _blocked_grads(1, config, T=40, dtype=f32, chunked_penalty_adjoint=True)
+    for group in (4, 64):
+        got = _blocked_grads(1, config, T=40, dtype=f32, chunked_penalty_adjoint=True,
+                             penalty_scan_group=group)  # fmt: skip
+        for r, g in zip(ref, got, strict=True):
+            torch.testing.assert_close(g, r, rtol=2e-5, atol=2e-5 * float(r.abs().max()))
+    assert len(tf._piece_bounds(0, 40, 3, 0, 8)) - 1 == 17
+    assert launched == [5]
+
+
+@pytest.mark.parametrize("name", list(GRAD_CONFIGS))
+def test_grouped_penalty_scan_within_budget(name: str) -> None:
+    """With the pieces' scan in groups of 2 (pieces cut by nudges and checkpoints, ck = 4) the
+    gradients stay within the spec §4 budget; a group's ``Q`` composed in the reverse order
+    (``Q_l ⋯ Q_f``) is rejected."""
+    options = {"chunked_penalty_adjoint": True, "penalty_scan_group": 2}
+    _assert_within_budget(_grad_check(GRAD_CONFIGS[name], 5, torch.float32, ck=4, **options))
+    planted = _grad_check(GRAD_CONFIGS[name], 5, torch.float32, bug="group_order", ck=4,
+                          **options)  # fmt: skip
+    assert not all(c.passed for _, c in planted)
 
 
 @pytest.mark.parametrize(

@@ -984,7 +984,7 @@ def _host_functions(fn: Any, calls: int = 10) -> dict[str, list[dict[str, Any]]]
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint twelve ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    """The backward's adjoint sixteen ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``),
@@ -995,7 +995,9 @@ def adjoint(out: dict[str, Any]) -> None:
     (``one_pass_rerun``), with the chunked ones (``one_pass_pieces_rerun``) and with the state
     adjoint in chunks only (``one_pass_state_rerun``), and the forward keeping its gate values
     for the backward (``keep_gate_values``, no rerun: ``one_pass_pieces_kept``,
-    ``one_pass_state_kept``, ``one_pass_kept``; the recurrent backend's forward only).  The
+    ``one_pass_state_kept``, ``one_pass_kept``; the recurrent backend's forward only), and
+    ``one_pass_pieces_rerun`` with the pieces' scan in groups of ``m`` pieces
+    (``penalty_scan_group``: ``one_pass_pieces_rerun_group<m>``, m = 4, 8, 16, 32).  The
     chunked backend's backward reads the chain values its forward kept;
     ``vla_triton_chunked_rerun`` times it rerunning the gate pass instead, beside it.
 
@@ -1037,6 +1039,9 @@ def adjoint(out: dict[str, Any]) -> None:
         "one_pass_state_kept": {"adjoint_blocks": 1, **per_token, "chunked_state_adjoint": True,
                                 "keep_gate_values": True},
         "one_pass_kept": {"adjoint_blocks": 1, **per_token, "keep_gate_values": True},
+        **{f"one_pass_pieces_rerun_group{m}": {"adjoint_blocks": 1, **chunked,
+                                               "parallel_rerun": True, "penalty_scan_group": m}
+           for m in (4, 8, 16, 32)},
     }  # fmt: skip
     modes = {name: {"parallel_rerun": False, "keep_gate_values": False, **options}
              for name, options in modes.items()

@@ -1,8 +1,8 @@
-"""Two faster forms of the penalty adjoint's scan, prototyped beside the shipped
+"""A faster form of the penalty adjoint's scan, prototyped beside the shipped
 ``vla_penalty_bwd_scan_kernel`` (not a backend; design doc ``docs/design/triton_chunked.md``,
 "Where a training step's time goes"): each piece's ``Q`` in compact WY form (a Triton kernel),
-and groups of pieces composed before the scan (:func:`scan_grouped`, PyTorch around the
-shipped kernel).
+timed beside the backend's scan piece after piece and in groups of pieces
+(``RecurrentPlan.penalty_scan_group``, :func:`scan_grouped`).
 
 The shipped scan loads each piece's ``Q = I − Uᵀ M`` (``U`` the piece's penalties, ``M = Tᵀ S``
 from its compact WY factor, both ``[n, d]``) as a ``d × d`` tile and forms ``Q Σ Qᵀ`` by two
@@ -38,10 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: Planted slips for the meta-tests: the rank-``n`` correction without the ½ on ``Z U``; the
-#: pieces of a group composed in the wrong order.
+#: Planted slip for the meta-tests: the rank-``n`` correction without the ½ on ``Z U``.
 BUG_NO_HALF = tl.constexpr(1)
-BUG_COMPOSE_ORDER = 2
 
 
 @triton.jit
@@ -132,17 +130,22 @@ def form_q(x: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def scan_shipped(x: dict[str, torch.Tensor], qm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The shipped kernel's outputs on ``qm`` (:func:`form_q` of the same inputs)."""
-    from vla_verify.backends.triton_fused_kernels import vla_penalty_bwd_scan_kernel
+    """The backend's scan (``_scan_pieces``, piece after piece) on ``qm`` (:func:`form_q` of
+    the same inputs)."""
+    return scan_grouped(x, qm, 1)
 
-    bh, pieces, _n, d = x["u"].shape
-    out = _outputs(x)
-    vla_penalty_bwd_scan_kernel[(bh,)](
-        qm, x["lm"], x["dzp"], x["daT"], x["dzT"], out["sig"], out["dze"], out["sig0"],
-        out["dz0"], d, pieces, BK=d, ACC=tl.float32, num_warps=8,
-        **({"num_stages": 1} if d > 64 else {}),
-    )  # fmt: skip
-    return out
+
+def scan_grouped(
+    x: dict[str, torch.Tensor], qm: torch.Tensor, m: int, *, bug: int = 0
+) -> dict[str, torch.Tensor]:
+    """The backend's scan in groups of ``m`` pieces (``_scan_pieces``: each group composed into
+    one piece, the scan over the groups, each group's inner pieces from its end), ``bug`` the
+    backend's planted bug (``Bug.GROUP_ORDER``: a group's ``Q`` composed reversed)."""
+    from vla_verify.backends.triton_fused import _scan_pieces
+
+    d = x["u"].shape[-1]
+    got = _scan_pieces(qm, x["lm"], x["dzp"], x["daT"], x["dzT"], d, m, bug=bug)
+    return dict(zip(("sig", "dze", "sig0", "dz0"), got, strict=True))
 
 
 def scan_float64(x: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -152,72 +155,6 @@ def scan_float64(x: dict[str, torch.Tensor]) -> torch.Tensor:
     for ip in reversed(range(q.shape[1])):
         sig = q[:, ip] @ sig @ q[:, ip].transpose(-1, -2) + x["lm"][:, ip].double()
     return sig
-
-
-def compose(
-    qm: torch.Tensor, lm: torch.Tensor, dzp: torch.Tensor, m: int, *, bug: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each group of ``m`` consecutive pieces as one piece: ``Q_g = Q_{i0} ⋯ Q_{i0+m-1}``,
-    ``L_g = Σ_k (Q_{i0} ⋯ Q_{i0+k-1}) L_{i0+k} (⋯)ᵀ`` and ``dz_g = Σ_k dz_{i0+k}`` (the scan
-    runs backwards, so the earlier piece's map is applied last), by pairs in ``log₂ m`` batched
-    levels.  The pieces are padded to a multiple of ``m`` with identities (``Q = I, L = 0``).
-    ``qm, lm`` ``[bh, P, d, d]``, ``dzp`` ``[bh, P, d]``; returns ``[bh, ⌈P/m⌉, …]``."""
-    bh, P, d, _ = qm.shape
-    pad = -P % m
-    if pad:
-        eye = torch.eye(d, dtype=qm.dtype, device=qm.device).expand(bh, pad, d, d)
-        qm = torch.cat([qm, eye], 1)
-        lm = torch.cat([lm, lm.new_zeros(bh, pad, d, d)], 1)
-        dzp = torch.cat([dzp, dzp.new_zeros(bh, pad, d)], 1)
-    while qm.shape[1] > (P + pad) // m:
-        qa, qb = qm[:, 0::2], qm[:, 1::2]  # a the earlier piece of each pair, b the later
-        la, lb = lm[:, 0::2], lm[:, 1::2]
-        if bug == BUG_COMPOSE_ORDER:
-            qa, qb, la, lb = qb, qa, lb, la
-        lm = qa @ lb @ qa.transpose(-1, -2) + la
-        qm = qa @ qb
-        dzp = dzp[:, 0::2] + dzp[:, 1::2]
-    return qm, lm, dzp
-
-
-def scan_grouped(
-    x: dict[str, torch.Tensor], qm: torch.Tensor, m: int, *, bug: int = 0
-) -> dict[str, torch.Tensor]:
-    """The shipped scan kernel over groups of ``m`` pieces (:func:`compose`), then each group's
-    inner ``Σ`` and ``dz`` from its end, ``m − 1`` congruences batched over every group and
-    head (``Σ`` after piece ``i − 1`` is ``Q_i Σ Q_iᵀ + L_i`` of ``Σ`` after piece ``i``): the
-    scan's sequential steps divided by ``m`` for ``5(m − 1) d³`` multiply-adds a group off it.
-    Outputs as :func:`scan_shipped`'s (its products in PyTorch's float32 matmul precision)."""
-    from vla_verify.backends.triton_fused_kernels import vla_penalty_bwd_scan_kernel
-
-    bh, P, _n, d = x["u"].shape
-    qg, lg, dzg = compose(qm, x["lm"], x["dzp"], m, bug=bug)
-    G = qg.shape[1]
-    grouped = {"sig": torch.empty(bh, G, d, d, device=qm.device),
-               "dze": torch.empty(bh, G, d, device=qm.device)}  # fmt: skip
-    out = _outputs(x)
-    vla_penalty_bwd_scan_kernel[(bh,)](
-        qg.contiguous(), lg.contiguous(), dzg.contiguous(), x["daT"], x["dzT"], grouped["sig"],
-        grouped["dze"], out["sig0"], out["dz0"], d, G, BK=d, ACC=tl.float32, num_warps=8,
-        **({"num_stages": 1} if d > 64 else {}),
-    )  # fmt: skip
-    # Σ and dz after the last piece of each group, then after each earlier piece.
-    sig = torch.empty(bh, G * m, d, d, device=qm.device)
-    dze = torch.empty(bh, G * m, d, device=qm.device)
-    pad = G * m - P
-    eye = torch.eye(d, dtype=qm.dtype, device=qm.device).expand(bh, pad, d, d)
-    q = torch.cat([qm, eye], 1) if pad else qm  # the padding's Q = I, as compose's
-    lm = torch.cat([x["lm"], x["lm"].new_zeros(bh, pad, d, d)], 1) if pad else x["lm"]
-    dzp = torch.cat([x["dzp"], x["dzp"].new_zeros(bh, pad, d)], 1) if pad else x["dzp"]
-    cur, cur_dz = grouped["sig"], grouped["dze"]
-    for k in reversed(range(m)):
-        sig[:, k::m], dze[:, k::m] = cur, cur_dz
-        if k:
-            qk = q[:, k::m]
-            cur = qk @ cur @ qk.transpose(-1, -2) + lm[:, k::m]
-            cur_dz = cur_dz + dzp[:, k::m]
-    out["sig"], out["dze"] = sig[:, :P].contiguous(), dze[:, :P].contiguous()
-    return out
 
 
 def preflight() -> list[dict[str, Any]]:
@@ -242,7 +179,7 @@ def preflight() -> list[dict[str, Any]]:
             if i in fn.constexprs:
                 signature[name] = "constexpr"
                 continue
-            signature[name] = "i32" if name in ("DK", "n_p") else "*fp32"
+            signature[name] = "i32" if name in ("DK", "n_p", "per_group") else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]  # tensors; integers that are multiples of 16
         compiled = triton.compile(
             ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -266,7 +203,8 @@ def preflight() -> list[dict[str, Any]]:
                 row = {"BK": bk, **options,
                        "low_rank": build(scan_low_rank_kernel, low, options),
                        "shipped": build(vla_penalty_bwd_scan_kernel,
-                                        {"BK": bk, "ACC": tl.float32}, options)}  # fmt: skip
+                                        {"BK": bk, "ACC": tl.float32, "FROM_TILES": False},
+                                        options)}  # fmt: skip
                 rows.append(row)
                 print(row, flush=True)
     return rows
@@ -302,9 +240,8 @@ def main(
             "shipped": lambda x=x, qm=qm: scan_shipped(x, qm),
             "low_rank": lambda x=x: scan_low_rank(x),
         }
-        for m in (2, 4, 8, 16):
+        for m in (4, 8, 16, 32):
             variants[f"grouped{m}"] = lambda x=x, qm=qm, m=m: scan_grouped(x, qm, m)
-            variants[f"grouped{m}_tf32"] = lambda x=x, qm=qm, m=m: _tf32(scan_grouped, x, qm, m)
         for name, fn in variants.items():
             got = fn()
             rec = {
@@ -320,16 +257,6 @@ def main(
     path = Path(out_dir) / "penalty_scan_low_rank.json"
     path.write_text(json.dumps(result, indent=1))
     return result
-
-
-def _tf32(fn: Any, *args: Any) -> Any:
-    """``fn`` with PyTorch's float32 products on tf32 tensor cores."""
-    before = torch.backends.cuda.matmul.allow_tf32  # the CPU's float32 products ignore it
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return fn(*args)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 if __name__ == "__main__":

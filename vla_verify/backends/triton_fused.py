@@ -81,6 +81,7 @@ PLANTED_BUGS: dict[str, Bug] = {
     "piece_end_drops_nudges": Bug.PIECE_END_DROPS_NUDGES,
     "piece_y_whole_t": Bug.PIECE_Y_WHOLE_T,
     "rerun_next_checkpoint": Bug.RERUN_NEXT_CHECKPOINT,
+    "group_order": Bug.GROUP_ORDER,
 }
 
 #: Tokens per progress count of the streamed forward: the gate programs publish every
@@ -161,6 +162,8 @@ class RecurrentPlan:
     by products over the checkpoint intervals in float32 accumulation:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
+    ``penalty_scan_group`` (with ``chunked_penalty_adjoint``: the pieces' one sequential scan
+    takes groups of this many pieces, each composed into one first; 1 = piece after piece),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
     side instead of through the span: :func:`_span_rerun`), ``keep_gate_values`` (in
     training the forward's gate program also stores each token's Sherman–Morrison values, and
@@ -185,15 +188,17 @@ class RecurrentPlan:
     adjoint_blocks: int = 1
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
+    penalty_scan_group: int = 1
     parallel_rerun: bool = False
     keep_gate_values: bool = False
 
     def __post_init__(self) -> None:
-        if not _is_int(self.adjoint_blocks) or self.adjoint_blocks < 1:
-            raise UnsupportedConfigurationError(
-                _NAME, f"adjoint_blocks must be an integer >= 1, got {self.adjoint_blocks!r}",
-                "adjoint_blocks",
-            )  # fmt: skip
+        for name in ("adjoint_blocks", "penalty_scan_group"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise UnsupportedConfigurationError(
+                    _NAME, f"{name} must be an integer >= 1, got {value!r}", name
+                )
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
             if not _is_int(value) or value < 16 or value & (value - 1):
@@ -247,6 +252,8 @@ class _Measured:
     blocked_adjoint: bool = False
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
+    # Not timed: piece after piece.
+    penalty_scan_group: int = 1
     parallel_rerun: bool = False
     # The gate program's extra stores against the rerun they save: at BK = 64 forward + backward
     # at T = 16384 34.82 against 34.88 ms on an H100 (h100/adjoint_fcb06ea.json), no gain for
@@ -436,6 +443,7 @@ def plan_for(
         # the chunked one has tests of its own.
         chunked_state_adjoint=training and row.chunked_state_adjoint and _on_gpu(device),
         chunked_penalty_adjoint=training and row.chunked_penalty_adjoint and _on_gpu(device),
+        penalty_scan_group=row.penalty_scan_group,
         parallel_rerun=training and row.parallel_rerun and _on_gpu(device),
         keep_gate_values=training and row.keep_gate_values,
     )
@@ -863,7 +871,10 @@ def _penalty_adjoint_pieces(
     nudge-free pieces (:func:`_piece_bounds`): each piece's ``Q`` and local term in parallel
     (:func:`kernels.vla_penalty_bwd_prep_kernel`), the symmetric ``dA`` and ``dz`` through the
     pieces in sequence (:func:`kernels.vla_penalty_bwd_scan_kernel`, two ``d × d`` products a
-    piece), then every piece's tokens in parallel (:func:`kernels.vla_penalty_bwd_piece_kernel`);
+    piece; with ``plan.penalty_scan_group = m > 1`` through groups of ``m`` pieces composed
+    side by side, :func:`kernels.vla_penalty_bwd_group_kernel`, then each group's inner pieces
+    from the group's end, side by side), then every piece's tokens in parallel
+    (:func:`kernels.vla_penalty_bwd_piece_kernel`);
     ``dAᵀ`` before the span is the scan's symmetric part plus the antisymmetric part of the
     pieces' sum.  ``None`` where a denominator was floored (the congruence does not hold there)
     or exceeds :data:`PIECES_MAX_DENOMINATOR` (the products lose accuracy there; one device
@@ -883,10 +894,8 @@ def _penalty_adjoint_pieces(
     pc = torch.tensor(bounds, dtype=torch.int32, device=dev)
     bp = max(16, _pow2(max(b - a for a, b in itertools.pairwise(bounds))))
     f32 = torch.float32
-    qm, lm, sig = (torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev) for _ in range(3))
-    dzp, dze = (torch.empty(BH, n_p, bk, dtype=f32, device=dev) for _ in range(2))
-    dz_begin = torch.empty(BH, dk, dtype=f32, device=dev)
-    sig_begin = torch.empty(BH, bk, bk, dtype=f32, device=dev)
+    qm, lm = (torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev) for _ in range(2))
+    dzp = torch.empty(BH, n_p, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
     # 8 warps at BK = 64: with 4 the piece kernel's tiles spill more (with 8: 1632 bytes of
     # stack per thread, sm90/preflight_pieces.json).
@@ -905,12 +914,11 @@ def _penalty_adjoint_pieces(
     delta_raw = cs[..., 0]
     if not bool(((delta_raw > run.config.sm_floor) & (delta_raw <= PIECES_MAX_DENOMINATOR)).all()):
         return None
-    scan_args = {"qm_ptr": qm, "lm_ptr": lm, "dzp_ptr": dzp, "daT_ptr": dA, "dzT_ptr": dz,
-                 "sig_ptr": sig, "dze_ptr": dze, "sig0_ptr": sig_begin, "dz0_ptr": dz_begin,
-                 "DK": dk, "n_p": n_p, "BK": bk, "ACC": tl.float32, "num_warps": warps}  # fmt: skip
     if bk > _PIECES_ONE_STAGE_ABOVE:
-        scan_args["num_stages"] = common["num_stages"] = 1
-    kernels.vla_penalty_bwd_scan_kernel[(BH,)](**scan_args)
+        common["num_stages"] = 1
+    sig, dze, sig_begin, dz_begin = _scan_pieces(
+        qm, lm, dzp, dA, dz, dk, run.plan.penalty_scan_group, bug=int(run.bug)
+    )
     da, dsm = (torch.empty(BH, n, bk, dtype=f32, device=dev) for _ in range(2))
     kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
@@ -927,7 +935,60 @@ def _penalty_adjoint_pieces(
     # The symmetric part from the scan, the antisymmetric one from the sum (kernels' module).
     total = dA.reshape(BH, dk, dk).to(f32) + part.to(f32)
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
-    return dA_begin, dz_begin
+    return dA_begin, dz_begin[:, :dk]
+
+
+def _scan_pieces(
+    qm: torch.Tensor, lm: torch.Tensor, dzp: torch.Tensor, dA: torch.Tensor, dz: torch.Tensor,
+    dk: int, group: int = 1, *, bug: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The penalty adjoint's scan through a span's pieces, from their ``Q``, local terms and
+    ``dz`` parts (``qm, lm`` ``[B·H, n_p, BK, BK]``, ``dzp`` ``[B·H, n_p, BK]``, float32, as
+    :func:`kernels.vla_penalty_bwd_prep_kernel` writes them) and the cotangents after the span
+    (``dA`` ``[B·H, dk, dk]`` (``dAᵀ``; its symmetric part is taken), ``dz`` ``[B·H, dk]``):
+    ``Σ`` and ``dz`` after every piece (``[B·H, n_p, BK, BK]``, ``[B·H, n_p, BK]``) and before
+    the span (``[B·H, BK, BK]``, ``[B·H, BK]``).  ``group = m > 1`` (with more than ``m``
+    pieces): groups of ``m`` pieces composed side by side
+    (:func:`kernels.vla_penalty_bwd_group_kernel`), the scan over the ``⌈n_p/m⌉`` groups, then
+    every group's inner pieces from the ``Σ`` after it, side by side again
+    (``vla_penalty_bwd_scan_kernel`` with ``FROM_TILES``); else piece after piece."""
+    BH, n_p, bk, _ = qm.shape
+    dev, f32 = qm.device, torch.float32
+    # 8 warps from BK = 64, as the pieces' other kernels.
+    warps = 8 if bk >= 64 else 4
+    scan = {"DK": dk, "BK": bk, "ACC": tl.float32, "num_warps": warps}
+    if bk > _PIECES_ONE_STAGE_ABOVE:
+        scan["num_stages"] = 1
+    sig = torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev)
+    dze = torch.empty(BH, n_p, bk, dtype=f32, device=dev)
+    sig_begin = torch.empty(BH, bk, bk, dtype=f32, device=dev)
+    dz_begin = torch.empty(BH, bk, dtype=f32, device=dev)
+    if group == 1 or n_p <= group:
+        kernels.vla_penalty_bwd_scan_kernel[(1, BH)](
+            qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig,
+            dze_ptr=dze, sig0_ptr=sig_begin, dz0_ptr=dz_begin, n_p=n_p, per_group=n_p,
+            FROM_TILES=False, **scan,
+        )  # fmt: skip
+        return sig, dze, sig_begin, dz_begin
+    G = _cdiv(n_p, group)
+    qg, lg, sig_g, sig_gb = (torch.empty(BH, G, bk, bk, dtype=f32, device=dev) for _ in range(4))
+    dzg, dze_g, dz_gb = (torch.empty(BH, G, bk, dtype=f32, device=dev) for _ in range(3))
+    kernels.vla_penalty_bwd_group_kernel[(G, BH)](
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, qg_ptr=qg, lg_ptr=lg, dzg_ptr=dzg, n_p=n_p,
+        per_group=group, BK=bk, BUG=bug, num_warps=warps,
+        **({"num_stages": 1} if bk > _PIECES_ONE_STAGE_ABOVE else {}),
+    )  # fmt: skip
+    kernels.vla_penalty_bwd_scan_kernel[(1, BH)](
+        qm_ptr=qg, lm_ptr=lg, dzp_ptr=dzg, daT_ptr=dA, dzT_ptr=dz, sig_ptr=sig_g,
+        dze_ptr=dze_g, sig0_ptr=sig_begin, dz0_ptr=dz_begin, n_p=G, per_group=G,
+        FROM_TILES=False, **scan,
+    )  # fmt: skip
+    kernels.vla_penalty_bwd_scan_kernel[(G, BH)](
+        qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp, daT_ptr=sig_g, dzT_ptr=dze_g, sig_ptr=sig,
+        dze_ptr=dze, sig0_ptr=sig_gb, dz0_ptr=dz_gb, n_p=n_p, per_group=group,
+        FROM_TILES=True, **scan,
+    )  # fmt: skip
+    return sig, dze, sig_begin, dz_begin
 
 
 def _sequential_span(adj: _Adjoint, t_begin: int, n: int, cot: _Cotangents) -> _Cotangents:

@@ -75,6 +75,7 @@ class Bug(IntEnum):
     PIECE_END_DROPS_NUDGES = 8  # penalty adjoint in pieces: A at a piece's end without nudges
     PIECE_Y_WHOLE_T = 9  # penalty adjoint in pieces: y_t through the whole piece's T
     RERUN_NEXT_CHECKPOINT = 10  # parallel gate rerun: each piece from the next interval's A, z
+    GROUP_ORDER = 11  # penalty adjoint in pieces, grouped scan: a group's Q composed reversed
 
 
 class Downdate(IntEnum):
@@ -106,6 +107,7 @@ BUG_CHUNK_TRIANGLE = tl.constexpr(int(Bug.CHUNK_TRIANGLE))
 BUG_SCAN_STORES_LATE = tl.constexpr(int(Bug.SCAN_STORES_LATE))
 BUG_PIECE_END_DROPS_NUDGES = tl.constexpr(int(Bug.PIECE_END_DROPS_NUDGES))
 BUG_PIECE_Y_WHOLE_T = tl.constexpr(int(Bug.PIECE_Y_WHOLE_T))
+BUG_GROUP_ORDER = tl.constexpr(int(Bug.GROUP_ORDER))
 DOWNDATE_EXACT = tl.constexpr(int(Downdate.EXACT))
 DOWNDATE_FMA = tl.constexpr(int(Downdate.FMA))
 NUDGE_SELECT = tl.constexpr(int(Nudge.SELECT))
@@ -1417,35 +1419,87 @@ def vla_penalty_bwd_prep_kernel(
 @triton.jit
 def vla_penalty_bwd_scan_kernel(
     qm_ptr, lm_ptr, dzp_ptr, daT_ptr, dzT_ptr, sig_ptr, dze_ptr, sig0_ptr, dz0_ptr, DK, n_p,
-    BK: tl.constexpr, ACC: tl.constexpr,
+    per_group, BK: tl.constexpr, ACC: tl.constexpr, FROM_TILES: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(B·H,)``: ``Σ`` (the symmetric part of ``dAᵀ`` after the span) and ``dz`` through
-    the pieces in reverse, ``Σ ← Q Σ Qᵀ + sym(Ãᵀ K̃)``, ``dz ← dz + Σ dn q``, storing both after
-    every piece (``sig`` ``[B·H, pieces, BK, BK]``, ``dze`` ``[B·H, pieces, BK]``) and before
-    the span (``sig0`` ``[B·H, BK, BK]``, ``dz0``).  Products in ``tf32x3`` (three tf32
-    products, about float32's accuracy, on tensor cores) whatever the inputs: the scan's
-    rounding adds up over the pieces, and ``ieee`` float32 products of ``[64, 64]`` tiles,
-    beside the loaded local term, compile for sm_90 to a kernel that keeps most of its state
-    on the stack (Triton 3.6)."""
-    i_bh = tl.program_id(0).to(tl.int64)
+    """Grid ``(groups, B·H)``: ``Σ`` (the symmetric part of ``dAᵀ``) and ``dz`` through the
+    pieces ``g·m ≤ i < min((g + 1)·m, n_p)`` of group ``g`` (``m = per_group``) in reverse,
+    ``Σ ← Q Σ Qᵀ + sym(Ãᵀ K̃)``, ``dz ← dz + Σ dn q``, storing both after every piece (``sig``
+    ``[B·H, n_p, BK, BK]``, ``dze`` ``[B·H, n_p, BK]``) and before the group (``sig0``
+    ``[B·H, groups, BK, BK]``, ``dz0`` ``[B·H, groups, BK]``).  Each group starts from
+    ``dAᵀ`` ``[B·H, DK, DK]`` and ``dz`` ``[B·H, DK]`` after the span (one group), or, with
+    ``FROM_TILES``, from its own ``Σ`` and ``dz`` (``[B·H, groups, BK, BK]`` and ``[B·H,
+    groups, BK]``: a scan of the groups' composed pieces, :func:`vla_penalty_bwd_group_kernel`,
+    gave them).  Products in ``tf32x3`` (three tf32 products, about float32's accuracy, on
+    tensor cores) whatever the inputs: the scan's rounding adds up over the pieces, and
+    ``ieee`` float32 products of ``[64, 64]`` tiles, beside the loaded local term, compile for
+    sm_90 to a kernel that keeps most of its state on the stack (Triton 3.6)."""
+    i_g = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    at = i_bh * tl.num_programs(0) + i_g
     ok = tl.arange(0, BK)
     mk = ok < DK
     m_kk = mk[:, None] & mk[None, :]
-    dA = tl.load(daT_ptr + i_bh * DK * DK + ok[:, None] * DK + ok[None, :], mask=m_kk,
-                 other=0.0).to(ACC)  # fmt: skip
-    sig = 0.5 * (dA + tl.trans(dA))
-    dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
-    for jp in range(n_p):
-        ip = n_p - 1 - jp
-        tile = (i_bh * n_p + ip) * BK * BK + ok[:, None] * BK + ok[None, :]
+    tile0 = ok[:, None] * BK + ok[None, :]
+    if FROM_TILES:
+        sig = tl.load(daT_ptr + at * BK * BK + tile0)
+        dz = tl.load(dzT_ptr + at * BK + ok)
+    else:
+        dA = tl.load(daT_ptr + i_bh * DK * DK + ok[:, None] * DK + ok[None, :], mask=m_kk,
+                     other=0.0).to(ACC)  # fmt: skip
+        sig = 0.5 * (dA + tl.trans(dA))
+        dz = tl.load(dzT_ptr + i_bh * DK + ok, mask=mk, other=0.0).to(ACC)
+    first = i_g * per_group
+    count = tl.minimum(per_group, n_p - first)
+    for jp in range(count):
+        ip = first + count - 1 - jp
+        tile = (i_bh * n_p + ip) * BK * BK + tile0
         tl.store(sig_ptr + tile, sig)
         tl.store(dze_ptr + (i_bh * n_p + ip) * BK + ok, dz)
         Qm = tl.load(qm_ptr + tile)
         sig = tl.dot(tl.dot(Qm, sig, input_precision="tf32x3"), tl.trans(Qm),
                      input_precision="tf32x3") + tl.load(lm_ptr + tile)  # fmt: skip
         dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
-    tl.store(sig0_ptr + i_bh * BK * BK + ok[:, None] * BK + ok[None, :], sig)
-    tl.store(dz0_ptr + i_bh * DK + ok, dz, mask=mk)
+    tl.store(sig0_ptr + at * BK * BK + tile0, sig)
+    tl.store(dz0_ptr + at * BK + ok, dz)
+
+
+@triton.jit
+def vla_penalty_bwd_group_kernel(
+    qm_ptr, lm_ptr, dzp_ptr, qg_ptr, lg_ptr, dzg_ptr, n_p, per_group,
+    BK: tl.constexpr, BUG: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(groups, B·H)``: the pieces ``f ≤ i ≤ l`` of group ``g`` (``f = g·m``, ``l =
+    min(f + m, n_p) − 1``, ``m = per_group``) as one piece of the scan: ``Q_g = Q_f ⋯ Q_l``,
+    ``L_g = Σ_i (Q_f ⋯ Q_{i−1}) L_i (Q_f ⋯ Q_{i−1})ᵀ``, ``dz_g = Σ_i dz_i`` (``qg, lg``
+    ``[B·H, groups, BK, BK]``, ``dzg`` ``[B·H, groups, BK]``; the pieces' as the scan's), from
+    the last piece to the first: ``(Q, L) ← (Q_i Q, Q_i L Q_iᵀ + L_i)``.  The scan then takes
+    one step per group, and the same scan kernel from each group's ``Σ`` after it gives the
+    group's inner ``Σ`` (``FROM_TILES``), every group side by side.  Products in ``tf32x3``,
+    as the scan's."""
+    i_g = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    at = i_bh * tl.num_programs(0) + i_g
+    ok = tl.arange(0, BK)
+    tile0 = ok[:, None] * BK + ok[None, :]
+    first = i_g * per_group
+    last = tl.minimum(first + per_group, n_p) - 1
+    Qg = tl.load(qm_ptr + (i_bh * n_p + last) * BK * BK + tile0)
+    Lg = tl.load(lm_ptr + (i_bh * n_p + last) * BK * BK + tile0)
+    dz = tl.load(dzp_ptr + (i_bh * n_p + last) * BK + ok)
+    for jp in range(last - first):
+        ip = last - 1 - jp
+        tile = (i_bh * n_p + ip) * BK * BK + tile0
+        Qi = tl.load(qm_ptr + tile)
+        Lg = tl.dot(tl.dot(Qi, Lg, input_precision="tf32x3"), tl.trans(Qi),
+                    input_precision="tf32x3") + tl.load(lm_ptr + tile)  # fmt: skip
+        if BUG == BUG_GROUP_ORDER:
+            Qg = tl.dot(Qg, Qi, input_precision="tf32x3")
+        else:
+            Qg = tl.dot(Qi, Qg, input_precision="tf32x3")
+        dz = dz + tl.load(dzp_ptr + (i_bh * n_p + ip) * BK + ok)
+    tl.store(qg_ptr + at * BK * BK + tile0, Qg)
+    tl.store(lg_ptr + at * BK * BK + tile0, Lg)
+    tl.store(dzg_ptr + at * BK + ok, dz)
 
 
 @triton.jit
