@@ -570,6 +570,7 @@ def _grad_check(
     bug: str | None = None,
     ck: int = 4,
     dk: int = 5,
+    dv: int = 6,
     **options,
 ) -> list:
     """Kernel gradients vs the float64 torch backend under the spec §4 budget
@@ -582,7 +583,7 @@ def _grad_check(
     fails by a factor ~2^29)."""
     tf = _fused()
     ref = _reference_backend()
-    case = _case(seed, B=1, T=14, H=2, dk=dk, dv=6)
+    case = _case(seed, B=1, T=14, H=2, dk=dk, dv=dv)
     rng = np.random.default_rng(seed + 100)
     B, T, H, dk, dv = case.shapes
     cot = [
@@ -963,6 +964,24 @@ def test_chunked_state_adjoint_bug_is_rejected(bug: str, wrong: str) -> None:
     config = GRAD_CONFIGS["paper_nudge4"]
     checks = dict(_grad_check(config, 5, torch.float32, bug=bug, chunked_state_adjoint=True))
     assert not checks[wrong].passed
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_launch", "three_launches"])
+def test_chunked_state_adjoint_over_value_blocks(
+    split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dv = 40 in value blocks of 16 (two whole, one partial): the chunk kernel's programs per
+    value block and the sum of their parts, in one launch and split over three, within the
+    budget; the planted triangle slip is still rejected there."""
+    tf = _fused()
+    if split:
+        monkeypatch.setattr(tf, "_SPLIT_STATE_CHUNK_ABOVE", 0)
+    config = GRAD_CONFIGS["paper_nudge4"]
+    options = {"chunked_state_adjoint": True, "bwd_block_v": 16}
+    _assert_within_budget(_grad_check(config, 5, torch.float32, dv=40, **options))
+    planted = dict(_grad_check(config, 5, torch.float32, bug="chunk_triangle_off_by_one",
+                               dv=40, **options))  # fmt: skip
+    assert not planted["k"].passed
 
 
 @pytest.mark.parametrize("blocks", [1, 3], ids=["one_pass", "blocked"])
