@@ -1058,6 +1058,38 @@ def test_grouped_penalty_scan_equals_the_scan(monkeypatch: pytest.MonkeyPatch) -
     assert launched == [5]
 
 
+def test_pieces_part_of_dA_over_segments() -> None:
+    """The pieces' part of ``dAᵀ``, ``Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ``, over 1100 tokens (three
+    segments of ``_DA_PART_ROWS``, the last one short) from a span that starts at token 7 of
+    the input: equal to the float64 product to float32 rounding (``tf32x3`` products summed in
+    float32 over at most 512 tokens, then over the segments); reading ``u`` one token off
+    misses it by orders of magnitude."""
+    tf = _fused()
+    BH, H, n, dk, bk, t0 = 4, 2, 1100, 12, 16, 7
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(BH, n, bk, generator=g) for _ in range(3)]  # K̂, DA, DS
+    u = torch.randn(BH // H, t0 + n + 1, H, dk, generator=g)
+    segments = -(-n // tf._DA_PART_ROWS)
+    assert segments == 3
+
+    def part(shift: int) -> torch.Tensor:
+        out = torch.empty(BH, segments, bk, bk)
+        tf.kernels.vla_penalty_bwd_da_part_kernel[(segments, BH)](
+            kh_ptr=rows[0], da_ptr=rows[1], u_ptr=u, dsm_ptr=rows[2], part_ptr=out,
+            T=u.shape[1], H=H, DK=dk, t_begin=t0 + shift, n_steps=n, rows=tf._DA_PART_ROWS,
+            BK=bk, BR=tf._DA_PART_BLOCK_ROWS,
+        )  # fmt: skip
+        return out.sum(dim=1)[:, :dk, :dk].double()
+
+    f64 = torch.float64
+    us = u[:, t0 : t0 + n].permute(0, 2, 1, 3).reshape(BH, n, dk).to(f64)
+    want = (rows[0][..., :dk].to(f64).mT @ rows[1][..., :dk].to(f64)
+            + us.mT @ rows[2][..., :dk].to(f64))  # fmt: skip
+    scale = float(want.abs().max())
+    assert float((part(0) - want).abs().max()) < 1e-5 * scale
+    assert float((part(1) - want).abs().max()) > 1e-2 * scale
+
+
 @pytest.mark.parametrize("name", list(GRAD_CONFIGS))
 def test_grouped_penalty_scan_within_budget(name: str) -> None:
     """With the pieces' scan in groups of 2 (pieces cut by nudges and checkpoints, ck = 4) the

@@ -739,6 +739,14 @@ _PIECES_ONE_STAGE_ABOVE = 64
 #: ``tests/test_triton_fused.py::test_penalty_adjoint_in_pieces_on_strong_penalties``).
 #: Layer-like penalties (``‖u‖² = 1/dk``) keep ``δ`` near ``1 + 1/(lambda0·dk)``.
 PIECES_MAX_DENOMINATOR = 100.0
+#: Tokens per program of the pieces' part of ``dAᵀ``
+#: (:func:`kernels.vla_penalty_bwd_da_part_kernel`), and per product inside it: 512 programs at
+#: T = 16384, B·H = 16.  As one float64 product of the span's rows, converted from float32, it
+#: was the only float64 work of the backward: in a training step on an H100
+#: (``h100/training_breakdown_48b4b36.json``, both backends alike) float64 copies took 0.35 ms
+#: and a float64 matrix product 0.33 ms at D = 64, 0.78 and 0.62 ms at D = 128.
+_DA_PART_ROWS = 512
+_DA_PART_BLOCK_ROWS = 32
 
 
 def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
@@ -926,14 +934,18 @@ def _penalty_adjoint_pieces(
         cka_ptr=cka, ckz_ptr=ckz, sig_ptr=sig, dze_ptr=dze, da_ptr=da, dsm_ptr=dsm,
         dq_ptr=outs[0], dk_ptr=outs[1], du_ptr=outs[2], **common,
     )  # fmt: skip
-    # The pieces' part of dAᵀ, Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ over the span, as one product (in
-    # float64: a TF32 setting of torch's matmuls does not reach it).
-    f64 = torch.float64
-    us = u[:, t_begin : t_begin + n].permute(0, 2, 1, 3).reshape(BH, n, dk)
-    part = (kh.view(BH, n, bk)[..., :dk].to(f64).mT @ da[..., :dk].to(f64)
-            + us.to(f64).mT @ dsm[..., :dk].to(f64))  # fmt: skip
+    # The pieces' part of dAᵀ, Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ over the span, in segments of
+    # _DA_PART_ROWS tokens side by side.
+    segments = _cdiv(n, _DA_PART_ROWS)
+    seg_part = torch.empty(BH, segments, bk, bk, dtype=f32, device=dev)
+    kernels.vla_penalty_bwd_da_part_kernel[(segments, BH)](
+        kh_ptr=kh, da_ptr=da, u_ptr=u, dsm_ptr=dsm, part_ptr=seg_part, T=Tp, H=H, DK=dk,
+        t_begin=t_begin, n_steps=n, rows=_DA_PART_ROWS, BK=bk, BR=_DA_PART_BLOCK_ROWS,
+        num_warps=warps,
+    )  # fmt: skip
+    part = seg_part.sum(dim=1)[:, :dk, :dk]
     # The symmetric part from the scan, the antisymmetric one from the sum (kernels' module).
-    total = dA.reshape(BH, dk, dk).to(f32) + part.to(f32)
+    total = dA.reshape(BH, dk, dk).to(f32) + part
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin[:, :dk]
 

@@ -1503,6 +1503,43 @@ def vla_penalty_bwd_group_kernel(
 
 
 @triton.jit
+def vla_penalty_bwd_da_part_kernel(
+    kh_ptr, da_ptr, u_ptr, dsm_ptr, part_ptr, T, H, DK, t_begin, n_steps, rows,
+    BK: tl.constexpr, BR: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(segments, B·H)``: the pieces' part of ``dAᵀ`` over segment ``s`` of ``rows``
+    tokens of the span, ``Σ_t k̂_t dα_tᵀ + u_t ds_tᵀ`` (``K̂``, ``DA``, ``DS`` rows
+    ``[B·H, n_steps, BK]``, float32, as :func:`vla_penalty_bwd_piece_kernel` stores them; ``u``
+    ``[B, T, H, DK]``), ``BR`` rows a product, float32 accumulation of ``tf32x3`` products
+    (about float32's accuracy; the per-token adjoint sums the same terms in float32 one token
+    after another); ``part`` ``[B·H, segments, BK, BK]``, the caller sums the segments."""
+    i_s = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    orr = tl.arange(0, BR)
+    ok = tl.arange(0, BK)
+    mk = ok < DK
+    acc = tl.zeros([BK, BK], dtype=tl.float32)
+    first = i_s * rows
+    last = tl.minimum(first + rows, n_steps)
+    base_u = (i_b * T * H + i_h) * DK
+    for r0 in range(first, last, BR):
+        r = r0 + orr
+        mr = r < last
+        off = (i_bh * n_steps + r)[:, None] * BK + ok[None, :]
+        Kh = tl.load(kh_ptr + off, mask=mr[:, None], other=0.0)
+        DA = tl.load(da_ptr + off, mask=mr[:, None], other=0.0)
+        DS = tl.load(dsm_ptr + off, mask=mr[:, None], other=0.0)
+        U = tl.load(u_ptr + base_u + (t_begin + r)[:, None] * (H * DK) + ok[None, :],
+                    mask=mr[:, None] & mk[None, :], other=0.0).to(tl.float32)  # fmt: skip
+        acc = tl.dot(tl.trans(Kh), DA, acc=acc, input_precision="tf32x3")
+        acc = tl.dot(tl.trans(U), DS, acc=acc, input_precision="tf32x3")
+    seg = i_bh * tl.num_programs(0) + i_s
+    tl.store(part_ptr + seg * BK * BK + ok[:, None] * BK + ok[None, :], acc)
+
+
+@triton.jit
 def vla_penalty_bwd_piece_kernel(
     pc_ptr, q_ptr, k_ptr, kh_ptr, ah_ptr, sc_ptr, sv_ptr, cs_ptr, dqs_ptr, dahs_ptr, dkhs_ptr,
     dns_ptr, u_ptr, cka_ptr, ckz_ptr, sig_ptr, dze_ptr, da_ptr, dsm_ptr, dq_ptr, dk_ptr, du_ptr,
