@@ -348,6 +348,36 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
     assert not short[:, -1].any()
 
 
+@pytest.mark.parametrize(("dk", "NB"), [(40, 5), (5, 3)])
+def test_block_starts_kernel_equals_the_products(dk: int, NB: int) -> None:
+    """The products-only block starts' kernel (``NB − 1`` dependent products in one launch, the
+    columns over three programs and the rows in three products at dk = 40) equals the batched
+    products block after block to float64 rounding; taking each start from the matrix of the
+    block before (one block too late) differs far beyond it."""
+    BH = 3
+    g = torch.Generator().manual_seed(dk)
+    Bm = torch.eye(2 * dk, dtype=torch.float64) + 0.1 * torch.randn(
+        BH, NB, 2 * dk, 2 * dk, generator=g, dtype=torch.float64
+    )
+    x0 = torch.randn(BH, 2 * dk, dk, generator=g, dtype=torch.float64)
+
+    def chain(late: int) -> torch.Tensor:
+        xs = [x0]
+        for b in range(NB - 1):
+            xs.append(Bm[:, max(b - late, 0)] @ xs[-1])
+        return torch.stack(xs)
+
+    got = torch.empty(NB, BH, 2 * dk, dk, dtype=torch.float64)
+    got[0] = x0
+    tc.kernels.penalty_block_starts_kernel[(BH, -(-dk // 16))](
+        Bm, got, NB, BH, dk, R=max(16, tc._pow2(2 * dk)), KB=32, NC=16
+    )
+    ref = chain(0)
+    scale = float(ref.abs().max())
+    assert float((got - ref).abs().max()) < 1e-13 * scale
+    assert float((chain(1) - ref).abs().max()) > 1e-3 * scale
+
+
 def test_block_starts_without_directions_or_matrices_is_refused() -> None:
     from vla_verify.errors import VLAInputError
 

@@ -382,7 +382,8 @@ def penalty_block_starts(
     to ``(A, I)`` and re-normalises by one solve, ``A ← Π Θ^{-1}``, block after block, so that
     no product of many blocks' matrices (whose modes separate like ``(1 + √(η‖G‖))`` per
     period) is ever formed.  ``normalise=False`` applies the blocks' matrices to ``(A0; I)``
-    block after block (``NB − 1`` batched ``2dk × 2dk`` by ``2dk × dk`` products) and solves
+    block after block (``NB − 1`` dependent ``2dk × 2dk`` by ``2dk × dk`` products, one launch of
+    :func:`~.triton_chunked_kernels.penalty_block_starts_kernel`) and solves
     once for all blocks: no solve per block, exact in exact arithmetic but open to the modes'
     separation, so its caller checks the result (:func:`_forward`).  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
@@ -421,13 +422,15 @@ def penalty_block_starts(
     Bm = matrices
     if not normalise:
         # (Π; Θ) at every block start, block after block: (Π; Θ)_{b+1} = Bm_b (Π; Θ)_b from
-        # (A0; I).  Blocks outermost, so that each product writes one contiguous slice; a
-        # 2dk × 2dk by 2dk × dk product per block, and one launch each.
+        # (A0; I), a 2dk × 2dk by 2dk × dk product per block, all in one launch.
         XX = torch.empty(NB, BH, 2 * dk, dk, dtype=f64, device=dev)
         XX[0, :, :dk] = A0
         XX[0, :, dk:] = eye
-        for b in range(NB - 1):
-            torch.matmul(Bm[:, b], XX[b], out=XX[b + 1])
+        nc = 16
+        kernels.penalty_block_starts_kernel[(BH, math.ceil(dk / nc))](
+            Bm.contiguous(), XX, NB, BH, dk, R=max(16, _pow2(2 * dk)), KB=32, NC=nc,
+            num_warps=4 if dk <= 32 else 8,
+        )  # fmt: skip
         # solve_ex without its error check and by cuBLAS's batched LU: torch.linalg.solve reads
         # the LU's info back, and the batched LU PyTorch takes by default (MAGMA's) synchronises
         # the device, so each call waited for the GPU (h200/host_trace_syncs.json: 6.4 ms at

@@ -385,6 +385,48 @@ def penalty_block_matrix_kernel(
 
 
 @triton.jit
+def penalty_block_starts_kernel(
+    m_ptr,  # [BH, NB, 2·DK, 2·DK] float64: each block's matrix on the stacked (Π; Θ)
+    x_ptr,  # [NB, BH, 2·DK, DK] float64: (Π; Θ) at each block's start, x[0] given
+    NB,
+    BH,
+    DK,
+    R: tl.constexpr,  # rows of (Π; Θ) padded to a power of two
+    KB: tl.constexpr,  # rows of (Π; Θ) per product
+    NC: tl.constexpr,  # columns per program
+):
+    """``(Π; Θ)`` at every block's start, block after block, ``x[b + 1] = m[:, b] x[b]``
+    (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts` without normalising): one
+    program per (b·h, ``NC`` of the ``DK`` columns), the ``NB − 1`` dependent ``2dk × 2dk`` by
+    ``2dk × NC`` float64 products in one launch, where one batched product per block took a
+    launch each.  Each column of ``x[b + 1]`` depends on the same column of ``x[b]`` alone, so
+    the programs never wait for each other; a program reads back its own stores of the block
+    before, after a barrier."""
+    bh = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * NC + tl.arange(0, NC)
+    orow = tl.arange(0, R)
+    ok = tl.arange(0, KB)
+    mrow = orow < 2 * DK
+    mcol = col < DK
+    for b in range(NB - 1):
+        mb = m_ptr + (bh * NB + b) * (4 * DK * DK)
+        xb = x_ptr + (b * BH + bh) * (2 * DK * DK)
+        acc = tl.zeros([R, NC], dtype=tl.float64)
+        for k0 in range(0, 2 * DK, KB):
+            kk = k0 + ok
+            mk = kk < 2 * DK
+            a = tl.load(mb + orow[:, None] * (2 * DK) + kk[None, :],
+                        mask=mrow[:, None] & mk[None, :], other=0.0)  # fmt: skip
+            x = tl.load(xb + kk[:, None] * DK + col[None, :], mask=mk[:, None] & mcol[None, :],
+                        other=0.0)  # fmt: skip
+            acc = tl.dot(a, x, acc, input_precision="ieee", out_dtype=tl.float64)
+        tl.store(x_ptr + ((b + 1) * BH + bh) * (2 * DK * DK) + orow[:, None] * DK + col[None, :],
+                 acc, mask=mrow[:, None] & mcol[None, :])  # fmt: skip
+        # The next block's products read these stores, written by other threads of the program.
+        tl.debug_barrier()
+
+
+@triton.jit
 def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, norm_eps, row0,
              TP, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """``K̂``, ``Â``, ``V`` of the 16 tokens from ``row0`` (zero past ``T``), float32."""
