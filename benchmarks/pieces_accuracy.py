@@ -7,10 +7,11 @@ T = 64, H = 2, dk = 16, dv = 8, checkpoints every 32 tokens), penalties along tw
 of one magnitude ``m`` or of mixed magnitudes ``10^U(-1, top)``: the worst ratio of error to the
 spec §4 budget over the seven gradients (:func:`vla_verify.gradient_check.check_gradients`) for
 the per-token adjoint and for the pieces with the denominator limit lifted, beside the largest
-``δ = 1 + uᵀA_0 u``.  Usage::
+``δ = 1 + uᵀA_0 u``; ``--groups m …`` adds the pieces with their scan in groups of ``m``
+(``RecurrentPlan.penalty_scan_group``).  Usage::
 
     TRITON_INTERPRET=1 python benchmarks/pieces_accuracy.py \
-        --json benchmarks/results/cpu/pieces_accuracy.json
+        --json benchmarks/results/cpu/pieces_accuracy.json [--groups 2 4]
 """
 
 from __future__ import annotations
@@ -52,14 +53,16 @@ def example(kind: str, size: float, seed: int) -> tuple[list[np.ndarray], list[n
     return arrays, cotangents
 
 
-def worst(pieces: bool, arrays: list[np.ndarray], cotangents: list[np.ndarray]) -> list[Any]:
+def worst(
+    pieces: bool, arrays: list[np.ndarray], cotangents: list[np.ndarray], group: int = 1
+) -> list[Any]:
     from vla_verify import VLAConfig, backends
     from vla_verify.backends import triton_fused as tf
     from vla_verify.gradient_check import check_gradients
 
     def kernel(q: Any, k: Any, v: Any, u: Any, **kw: Any) -> Any:
         base = tf.plan_for(B, H, T, DK, DV, q.dtype, q.device, True)
-        plan = dataclasses.replace(base, chunked_penalty_adjoint=pieces)
+        plan = dataclasses.replace(base, chunked_penalty_adjoint=pieces, penalty_scan_group=group)
         return tf.fused_recurrent_vla(q, k, v, u, **kw, checkpoint_every=CK, plan=plan)
 
     limit = tf.PIECES_MAX_DENOMINATOR
@@ -76,6 +79,7 @@ def worst(pieces: bool, arrays: list[np.ndarray], cotangents: list[np.ndarray]) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--groups", nargs="*", type=int, default=[], metavar="M")
     a = ap.parse_args()
     # Before Triton is first imported (the kernels run on the CPU); not at import, so that a
     # test drawing this module's cases leaves the environment as it found it.
@@ -93,12 +97,17 @@ def main() -> None:
         row = {"kind": kind, "size": size, "seed": seed, "max_delta": round(delta, 1),
                "per_token": worst(False, arrays, cot),
                "pieces": worst(True, arrays, cot)}  # fmt: skip
+        for m in a.groups:
+            row[f"pieces_group{m}"] = worst(True, arrays, cot, m)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:
         import triton
 
-        head = {"command": "TRITON_INTERPRET=1 python benchmarks/pieces_accuracy.py",
+        command = "TRITON_INTERPRET=1 python benchmarks/pieces_accuracy.py"
+        if a.groups:
+            command += " --groups " + " ".join(map(str, a.groups))
+        head = {"command": command,
                 "triton": triton.__version__, "seconds": round(time.time() - t0, 1),
                 "columns": "worst gradient, its error / spec §4 budget (<= 1 passes)"}  # fmt: skip
         a.json.write_text(json.dumps({**head, "rows": rows}, indent=1))

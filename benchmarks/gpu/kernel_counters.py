@@ -7,7 +7,7 @@ The script runs itself under ``ncu`` once per size (``--child D T``: inputs as t
 H = 16, bf16, paper preset; one warm-up step that compiles every kernel, then one step inside
 ``cudaProfilerStart``/``Stop``, which ``--profile-from-start off`` confines the counters to).
 ``ncu`` replays each kernel once per group of counters, so a step takes minutes, not
-milliseconds; the clocks are left alone (``--clock-control none``: the device's ``METHOD.md``).
+milliseconds; the clocks are left alone (``--clock-control none``), as in the timed runs.
 Writes, under ``--out``:
 
 - ``ncu_D<D>_T<T>.csv``: ``ncu``'s own output (``--csv --page details``), kept whole;
