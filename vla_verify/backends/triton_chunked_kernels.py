@@ -398,10 +398,9 @@ def penalty_block_starts_kernel(
     """``(Π; Θ)`` at every block's start, block after block, ``x[b + 1] = m[:, b] x[b]``
     (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts` without normalising): one
     program per (b·h, ``NC`` of the ``DK`` columns), the ``NB − 1`` dependent ``2dk × 2dk`` by
-    ``2dk × NC`` float64 products in one launch, where one batched product per block took a
-    launch each.  Each column of ``x[b + 1]`` depends on the same column of ``x[b]`` alone, so
-    the programs never wait for each other; a program reads back its own stores of the block
-    before, after a barrier."""
+    ``2dk × NC`` float64 products in one launch instead of one launch per block.  Each column
+    of ``x[b + 1]`` depends on the same column of ``x[b]`` alone, so the programs never wait for
+    each other; a program reads back its own stores of the block before, after a barrier."""
     bh = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * NC + tl.arange(0, NC)
     orow = tl.arange(0, R)
