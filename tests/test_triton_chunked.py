@@ -707,7 +707,7 @@ def test_ut_block_term_bug_is_rejected() -> None:
 
 def test_penalty_block_length_follows_the_measured_rows() -> None:
     """The default block off a GPU: one block up to the key width's row (1024 tokens up to 64
-    wide, 2048 up to 128), else at least its row (1024 / 512 tokens), at most 16 blocks, a
+    wide, 2048 up to 128), else at least its row (256 / 512 tokens), at most 16 blocks, a
     multiple of the penalty chunk; an explicit block is kept."""
     assert tc.penalty_block_length(16384, 16, dk=8) == 1024
     assert tc.penalty_block_length(16384, 16, dk=64) == 1024
@@ -715,6 +715,7 @@ def test_penalty_block_length_follows_the_measured_rows() -> None:
     assert tc.penalty_block_length(65536, 16, dk=64) == 4096
     assert tc.penalty_block_length(65536, 16, dk=128) == 4096
     assert tc.penalty_block_length(4096, 16, dk=128) == 512
+    assert tc.penalty_block_length(4096, 16, dk=64) == 256
     assert tc.penalty_block_length(1024, 16, dk=64) == 1024
     assert tc.penalty_block_length(2048, 16, dk=128) == 2048
     assert tc.penalty_block_length(1000, 48, dk=64) == 1008  # one block, 21 chunks

@@ -1108,6 +1108,8 @@ def adjoint(out: dict[str, Any]) -> None:
                 for op, fn in fns.items():
                     if name != "one_pass" and not op.startswith("vla_"):
                         continue  # the anchors once
+                    if op not in RUN.get("adjoint_ops", (op,)):
+                        continue
                     try:
                         ms = time_ms(fn, device=dev)
                     except Exception as exc:
@@ -1324,6 +1326,13 @@ def main() -> None:
         help="--adjoint's modes besides one_pass (default: all)",
     )
     ap.add_argument(
+        "--adjoint-ops",
+        nargs="+",
+        default=None,
+        metavar="OP",
+        help="--adjoint's timed ops (default: every VLA op in every mode, the anchors once)",
+    )
+    ap.add_argument(
         "--no-adjoint-breakdown", action="store_true", help="--adjoint without the kernel breakdown"
     )
     ap.add_argument(
@@ -1338,6 +1347,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.adjoint_modes:
         RUN["adjoint_modes"] = tuple(a.adjoint_modes)
+    if a.adjoint_ops:
+        RUN["adjoint_ops"] = tuple(a.adjoint_ops)
     if a.no_adjoint_breakdown:
         RUN["adjoint_breakdown"] = False
     if a.smoke:

@@ -149,8 +149,12 @@ PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: of 128 / 256 / 512 tokens take 10.6 / 7.14 / **4.80** ms against 7.13 in two blocks of
 #: 2048: there the blocks were too few to fill the GPU (:func:`penalty_block_length`).  With
 #: this default on an H100 (``benchmarks/results/h100/block_variants_eaff479.json``) its eight
-#: blocks at D = 128 were the fastest of 512 to 8192 tokens at T = 4096, 8192 and 65536.
-DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 1024, 128: 512}
+#: blocks at D = 128 were the fastest of 512 to 8192 tokens at T = 4096, 8192 and 65536.  With
+#: the block starts from one kernel (:func:`penalty_block_starts`), shorter blocks pay at D = 64
+#: (``benchmarks/results/h100/block_variants_753ac4b.json``, an H100): at T = 4096 blocks of
+#: 256 / 512 / 1024 tokens take 1.16 / 1.17 / 1.55 ms; at T = 16384 3.86 / 3.31 / 3.09 ms, where
+#: :data:`MAX_PENALTY_BLOCKS` keeps this default's blocks at 1024 tokens.
+DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 256, 128: 512}
 #: Up to this many tokens the chain runs in one block, per key width (as
 #: :data:`DEFAULT_PENALTY_BLOCK`): blocking costs about 2 ms of fixed work (the starts, their
 #: check, the second pass's launches).  At T = 1024 (``h200/chain_variants.json``) one block

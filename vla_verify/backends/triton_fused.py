@@ -252,7 +252,6 @@ class _Measured:
     blocked_adjoint: bool = False
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
-    # Not timed: piece after piece.
     penalty_scan_group: int = 1
     parallel_rerun: bool = False
     # The gate program's extra stores against the rerun they save: at BK = 64 forward + backward
@@ -314,6 +313,11 @@ _MEASURED: dict[int, _Measured] = {
         # alone 146.8, both per token 168.4 (h200/adjoint_d128_075acb0.json).
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
+        # forward + backward of the chunked backend at T = 16384 on an H100: groups of 4 / 8 /
+        # 16 pieces 62.0 / 59.3 / 60.1 ms against 68.3 piece after piece; 32 took 70.1, its
+        # group kernel keeping 1368 bytes per thread on the stack
+        # (h100/adjoint_groups_d128_753ac4b.json).
+        penalty_scan_group=8,
         # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
         # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
         parallel_rerun=True,
@@ -349,6 +353,11 @@ _MEASURED: dict[int, _Measured] = {
         blocked_adjoint=False,
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
+        # forward + backward of the chunked backend at T = 16384 on an H100: groups of 4 / 8 /
+        # 16 / 32 pieces 18.9 / 18.2 / 17.9 / 17.7 ms against 20.9 piece after piece (the scan
+        # alone 3.00 / 2.38 / 2.05 / 1.89 against 5.57 ms: h100/adjoint_groups_753ac4b.json,
+        # h100/penalty_scan_low_rank_753ac4b.json).
+        penalty_scan_group=32,
         # with both chunked adjoints, forward + backward at T = 16384 27.1 against 39.5 ms (the
         # fused backend 37.0 against 49.4; h200/adjoint_rerun.json); the rerun in single
         # checkpoint intervals 27.09, the pieces' scan in 8 blocks 27.21 (h200/adjoint_fold.json).
