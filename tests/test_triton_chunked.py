@@ -582,19 +582,10 @@ def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> No
     """Why the penalty chain runs in float64 by default (``docs/design/triton_chunked.md``):
     the Woodbury form re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that
     scale, so on strong penalties (the ``gaussian`` regime, ``||u|| ≈ 4``) a float32 chain puts
-    ``S`` outside the spec §4 budget where the float64 chain is well inside it."""
+    ``S`` outside the spec §4 budget where the float64 chain is well inside it.  Four chunks
+    of 32 tokens: at two chunks the float32 chain's worst ratio sits near the budget (0.8 to
+    1.2 of it over seeds), at four it is 1.7 to 2.5 of it and the float64 chain's 0.04."""
     from vla_verify.properties.strategies import make_penalties
-
-    rng = np.random.default_rng(0)
-    B, T, H, dk = 1, 64, 1, 16
-    k_raw = rng.standard_normal((B, T, H, dk))
-    u = make_penalties(rng, "gaussian", (B, T, H, dk), k_raw)
-    inputs = [
-        np.exp(0.5 * rng.standard_normal((B, T, H, dk))),
-        np.exp(0.5 * k_raw),
-        rng.standard_normal((B, T, H, dk)),
-        u,
-    ]
 
     def with_chain(penalty_dtype: str):
         def fn(*args, **kwargs):
@@ -602,9 +593,20 @@ def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> No
 
         return fn
 
-    assert _outside_budget(with_chain("float64"), inputs, None, PAPER, 0, 32) == []
-    bad = _outside_budget(with_chain("float32"), inputs, None, PAPER, 0, 32)
-    assert any(name.startswith("S") for name in bad), bad
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        B, T, H, dk = 1, 128, 1, 16
+        k_raw = rng.standard_normal((B, T, H, dk))
+        u = make_penalties(rng, "gaussian", (B, T, H, dk), k_raw)
+        inputs = [
+            np.exp(0.5 * rng.standard_normal((B, T, H, dk))),
+            np.exp(0.5 * k_raw),
+            rng.standard_normal((B, T, H, dk)),
+            u,
+        ]
+        assert _outside_budget(with_chain("float64"), inputs, None, PAPER, 0, 32) == []
+        bad = _outside_budget(with_chain("float32"), inputs, None, PAPER, 0, 32)
+        assert any(name.startswith("S") for name in bad), (seed, bad)
 
 
 def test_registry_backend_passes_validate() -> None:
@@ -741,7 +743,7 @@ def test_penalty_blocks_fill_one_wave_of_programs(monkeypatch: pytest.MonkeyPatc
     assert [block(T, 128, 16) for T in (2048, 4096, 8192, 16384, 65536)] == [
         2048, 512, 1024, 2048, 8192,
     ]  # fmt: skip
-    assert [block(T, 64, 16) for T in (1024, 4096, 16384, 65536)] == [1024, 1024, 1024, 4096]
+    assert [block(T, 64, 16) for T in (1024, 4096, 16384, 65536)] == [1024, 256, 1024, 4096]
     assert block(16384, 128, 132) == 16384
     assert block(16384, 64, 64) == 4096  # 264 // 64 = 4 blocks
     # More warps per program, fewer at once: 16 warps at D = 64 fit one to an SM.

@@ -1214,7 +1214,8 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """The measured rows: on a GPU, training at keys up to 64 wide takes one pass with both
     chunked adjoints (the state's in chunks, the penalty's in pieces) and the gate rerun from
-    every checkpoint side by side, and at 128 the same; inference and the interpreter the
+    every checkpoint side by side, and at 128 the same, the pieces' scan in groups of 32 pieces
+    at 64 and of 8 at 128 (piece after piece narrower); inference and the interpreter the
     per-token kernels."""
     tf = _fused()
     cuda = torch.device("cuda")
@@ -1227,16 +1228,17 @@ def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> Non
             p.chunked_state_adjoint,
             p.chunked_penalty_adjoint,
             p.parallel_rerun,
+            p.penalty_scan_group,
         )
 
     try:
-        assert plan(64, torch.device("cpu")) == (1, False, False, False)
+        assert plan(64, torch.device("cpu"))[:4] == (1, False, False, False)
         monkeypatch.setattr(tf, "interpreted", lambda: False)
         monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
-        assert plan(64, cuda) == (1, True, True, True)
-        assert plan(32, cuda) == (1, True, True, True)
-        assert plan(128, cuda) == (1, True, True, True)
-        assert plan(64, cuda, training=False) == (1, False, False, False)
+        assert plan(64, cuda) == (1, True, True, True, 32)
+        assert plan(32, cuda) == (1, True, True, True, 1)
+        assert plan(128, cuda) == (1, True, True, True, 8)
+        assert plan(64, cuda, training=False)[:4] == (1, False, False, False)
     finally:
         tf.plan_for.cache_clear()
 
