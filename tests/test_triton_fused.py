@@ -146,6 +146,8 @@ def test_refuses_bad_argument(argument: str, value: object) -> None:
         ("gate_warps", 0),
         ("nudge_branch", "yes"),
         ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
+        ("penalty_scan_group", -1),
+        ("adjoint_blocks", 0),
     ],
 )
 def test_refuses_bad_plan(field: str, value: object) -> None:
@@ -1035,8 +1037,9 @@ def test_chunked_adjoints_at_128_wide_keys() -> None:
 def test_grouped_penalty_scan_equals_the_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pieces' scan through groups of pieces (composed, scanned, expanded) gives the
     gradients of the scan piece after piece to float32 rounding: 17 pieces at T = 40
-    (checkpoints every 8, a nudge every 3), in groups of 4 (a short last group) and of 64 (the
-    ungrouped path); the group kernel launches where the pieces outnumber the group."""
+    (checkpoints every 8, a nudge every 3), in groups of 4 (a short last group), of 64 (the
+    ungrouped path) and by the piece count (0: groups of 4 for 17 pieces); the group kernel
+    launches where the pieces outnumber the group."""
     tf = _fused()
     launched: list[int] = []
     kernel = tf.kernels.vla_penalty_bwd_group_kernel
@@ -1049,13 +1052,13 @@ def test_grouped_penalty_scan_equals_the_scan(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(tf.kernels, "vla_penalty_bwd_group_kernel", Counted())
     f32, config = torch.float32, VLAConfig(nudge_period=3)
     ref = _blocked_grads(1, config, T=40, dtype=f32, chunked_penalty_adjoint=True)
-    for group in (4, 64):
+    for group in (4, 64, 0):
         got = _blocked_grads(1, config, T=40, dtype=f32, chunked_penalty_adjoint=True,
                              penalty_scan_group=group)  # fmt: skip
         for r, g in zip(ref, got, strict=True):
             torch.testing.assert_close(g, r, rtol=2e-5, atol=2e-5 * float(r.abs().max()))
     assert len(tf._piece_bounds(0, 40, 3, 0, 8)) - 1 == 17
-    assert launched == [5]
+    assert launched == [5, 5]
 
 
 def test_pieces_part_of_dA_over_segments() -> None:
@@ -1211,11 +1214,21 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tf._adjoint_blocks(2, 32, cuda) == 1
 
 
+def test_scan_group_by_the_pieces() -> None:
+    """The scan's group: the one asked, else the power of two nearest the root of the span's
+    piece count (ties up), which gave the measured best at 64 pieces (8) and 1024 (32)."""
+    tf = _fused()
+    got = {n: tf._scan_group(n, 0) for n in (1, 2, 16, 32, 64, 100, 256, 1024)}
+    assert got == {1: 1, 2: 2, 16: 4, 32: 8, 64: 8, 100: 8, 256: 16, 1024: 32}
+    assert tf._scan_group(1024, 4) == 4
+    assert tf._scan_group(3, 1) == 1
+
+
 def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """The measured rows: on a GPU, training at keys up to 64 wide takes one pass with both
     chunked adjoints (the state's in chunks, the penalty's in pieces) and the gate rerun from
-    every checkpoint side by side, and at 128 the same, the pieces' scan in groups of 32 pieces
-    at 64 and of 8 at 128 (piece after piece narrower); inference and the interpreter the
+    every checkpoint side by side, and at 128 the same, the pieces' scan in groups by the
+    span's piece count (piece after piece narrower); inference and the interpreter the
     per-token kernels."""
     tf = _fused()
     cuda = torch.device("cuda")
@@ -1235,9 +1248,9 @@ def test_plan_takes_the_measured_adjoint(monkeypatch: pytest.MonkeyPatch) -> Non
         assert plan(64, torch.device("cpu"))[:4] == (1, False, False, False)
         monkeypatch.setattr(tf, "interpreted", lambda: False)
         monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
-        assert plan(64, cuda) == (1, True, True, True, 32)
+        assert plan(64, cuda) == (1, True, True, True, 0)
         assert plan(32, cuda) == (1, True, True, True, 1)
-        assert plan(128, cuda) == (1, True, True, True, 8)
+        assert plan(128, cuda) == (1, True, True, True, 0)
         assert plan(64, cuda, training=False)[:4] == (1, False, False, False)
     finally:
         tf.plan_for.cache_clear()

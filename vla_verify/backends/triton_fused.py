@@ -163,7 +163,8 @@ class RecurrentPlan:
     :func:`_state_adjoint_chunked`), ``chunked_penalty_adjoint`` (the penalty adjoint by
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``penalty_scan_group`` (with ``chunked_penalty_adjoint``: the pieces' one sequential scan
-    takes groups of this many pieces, each composed into one first; 1 = piece after piece),
+    takes groups of this many pieces, each composed into one first; 1 = piece after piece;
+    0 = by the span's piece count, :func:`_scan_group`),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
     side instead of through the span: :func:`_span_rerun`), ``keep_gate_values`` (in
     training the forward's gate program also stores each token's Sherman–Morrison values, and
@@ -193,11 +194,11 @@ class RecurrentPlan:
     keep_gate_values: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("adjoint_blocks", "penalty_scan_group"):
+        for name, least in (("adjoint_blocks", 1), ("penalty_scan_group", 0)):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not _is_int(value) or value < least:
                 raise UnsupportedConfigurationError(
-                    _NAME, f"{name} must be an integer >= 1, got {value!r}", name
+                    _NAME, f"{name} must be an integer >= {least}, got {value!r}", name
                 )
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
@@ -313,11 +314,11 @@ _MEASURED: dict[int, _Measured] = {
         # alone 146.8, both per token 168.4 (h200/adjoint_d128_075acb0.json).
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
-        # forward + backward of the chunked backend at T = 16384 on an H100: groups of 4 / 8 /
-        # 16 pieces 62.0 / 59.3 / 60.1 ms against 68.3 piece after piece; 32 took 70.1, its
-        # group kernel keeping 1368 bytes per thread on the stack
-        # (h100/adjoint_groups_d128_753ac4b.json).
-        penalty_scan_group=8,
+        # by the span's piece count (_scan_group): 8 for the 64 pieces of a 1024-token span
+        # here.  Forward + backward of the chunked backend at T = 16384 on an H100: groups of
+        # 4 / 8 / 16 pieces 62.0 / 59.3 / 60.1 ms against 68.3 piece after piece, 32 (two
+        # groups a span) 70.1 (h100/adjoint_groups_d128_753ac4b.json).
+        penalty_scan_group=0,
         # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
         # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
         parallel_rerun=True,
@@ -353,11 +354,11 @@ _MEASURED: dict[int, _Measured] = {
         blocked_adjoint=False,
         chunked_state_adjoint=True,
         chunked_penalty_adjoint=True,
-        # forward + backward of the chunked backend at T = 16384 on an H100: groups of 4 / 8 /
-        # 16 / 32 pieces 18.9 / 18.2 / 17.9 / 17.7 ms against 20.9 piece after piece (the scan
-        # alone 3.00 / 2.38 / 2.05 / 1.89 against 5.57 ms: h100/adjoint_groups_753ac4b.json,
-        # h100/penalty_scan_low_rank_753ac4b.json).
-        penalty_scan_group=32,
+        # by the span's piece count (_scan_group): 16 for the 256 pieces of a 4096-token span
+        # here.  Forward + backward of the chunked backend at T = 16384 on an H100: groups of
+        # 4 / 8 / 16 / 32 pieces 18.9 / 18.2 / 17.9 / 17.7 ms against 20.9 piece after piece
+        # (h100/adjoint_groups_753ac4b.json).
+        penalty_scan_group=0,
         # with both chunked adjoints, forward + backward at T = 16384 27.1 against 39.5 ms (the
         # fused backend 37.0 against 49.4; h200/adjoint_rerun.json); the rerun in single
         # checkpoint intervals 27.09, the pieces' scan in 8 blocks 27.21 (h200/adjoint_fold.json).
@@ -933,9 +934,8 @@ def _penalty_adjoint_pieces(
         return None
     if bk > _PIECES_ONE_STAGE_ABOVE:
         common["num_stages"] = 1
-    sig, dze, sig_begin, dz_begin = _scan_pieces(
-        qm, lm, dzp, dA, dz, dk, run.plan.penalty_scan_group, bug=int(run.bug)
-    )
+    group = _scan_group(n_p, run.plan.penalty_scan_group)
+    sig, dze, sig_begin, dz_begin = _scan_pieces(qm, lm, dzp, dA, dz, dk, group, bug=int(run.bug))
     da, dsm = (torch.empty(BH, n, bk, dtype=f32, device=dev) for _ in range(2))
     kernels.vla_penalty_bwd_piece_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, k_ptr=k, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
@@ -957,6 +957,23 @@ def _penalty_adjoint_pieces(
     total = dA.reshape(BH, dk, dk).to(f32) + part
     dA_begin = sig_begin[:, :dk, :dk] + 0.5 * (total - total.mT)
     return dA_begin, dz_begin[:, :dk]
+
+
+def _scan_group(n_p: int, asked: int) -> int:
+    """Pieces per group of the penalty adjoint's scan through ``n_p`` pieces: ``asked``, or
+    with ``asked = 0`` the power of two nearest ``√n_p`` on a log scale, ties up.  The scan's
+    dependent steps are about ``2m`` inside the groups (composing them, then the pieces from
+    each group's end) plus ``n_p/m`` through the groups, fewest near ``m = √(n_p/2)``; the
+    composed steps cost more than the scan's and run side by side, which moves the best ``m``
+    up.  Measured on an
+    H100 (B = 1, H = 16, bf16, paper preset): 64 pieces a span (D = 128, T = 16384), the
+    training step fastest at 8 (59.3 ms; 4 / 16 / 32: 62.0 / 60.1 / 70.1); 256 (D = 64)
+    17.9 ms at 16 against 17.7 at 32, 18.2 at 8; the scan alone over 1024 pieces fastest at
+    32 at both widths (``benchmarks/results/h100/adjoint_groups_753ac4b.json``,
+    ``adjoint_groups_d128_753ac4b.json``, ``penalty_scan_low_rank_753ac4b.json``)."""
+    if asked:
+        return asked
+    return 1 << math.floor(math.log2(max(1, n_p)) / 2 + 0.5)
 
 
 def _scan_pieces(
