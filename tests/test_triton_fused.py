@@ -147,6 +147,7 @@ def test_refuses_bad_argument(argument: str, value: object) -> None:
         ("nudge_branch", "yes"),
         ("period_loop", True),  # with nudge_scalar=True below: they exclude each other
         ("penalty_scan_group", -1),
+        ("prep_register_cap", 16),
         ("adjoint_blocks", 0),
     ],
 )
@@ -250,8 +251,9 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
     x = [torch.tensor(rng.standard_normal((1, 6, 2, d)), dtype=torch.float32, device=DEVICE)
          for d in (5, 5, 20, 5)]  # fmt: skip
     plan = _plan(x[0], x[2])
+    # Booleans flipped, integers doubled, and the register cap's 0 (none) made 128.
     changed = {
-        name: (not value) if isinstance(value, bool) else 2 * value
+        name: (not value) if isinstance(value, bool) else 2 * value or 128
         for name, value in dataclasses.asdict(plan).items()
     }
     # What an option needs to act on six tokens: room (whole checkpoint intervals) or the path
@@ -260,6 +262,7 @@ def test_every_option_reaches_the_kernels(monkeypatch: pytest.MonkeyPatch) -> No
         "adjoint_blocks": {"checkpoint_every": 1},
         "parallel_rerun": {"checkpoint_every": 1},
         "penalty_scan_group": {"chunked_penalty_adjoint": True, "checkpoint_every": 1},
+        "prep_register_cap": {"chunked_state_adjoint": True},
     }
     default = _launches(monkeypatch, be, x)
     assert {name for name, _, _ in default} == set(_KERNELS)

@@ -984,7 +984,7 @@ def _host_functions(fn: Any, calls: int = 10) -> dict[str, list[dict[str, Any]]]
 
 
 def adjoint(out: dict[str, Any]) -> None:
-    """The backward's adjoint sixteen ways (``--adjoint-modes``: some of them, with ``one_pass``),
+    """The backward's adjoint seventeen ways (``--adjoint-modes``: some of them, with ``one_pass``),
     paper preset, B = 1, H = grid_H, at ``adjoint_sizes`` (``--adjoint-sizes``): ``one_pass``
     (``adjoint_blocks = 1``, the per-token adjoints), ``blocked`` (8 blocks),
     ``blocked_chunked_state`` (8 blocks and ``chunked_state_adjoint``),
@@ -997,7 +997,9 @@ def adjoint(out: dict[str, Any]) -> None:
     for the backward (``keep_gate_values``, no rerun: ``one_pass_pieces_kept``,
     ``one_pass_state_kept``, ``one_pass_kept``; the recurrent backend's forward only), and
     ``one_pass_pieces_rerun`` with the pieces' scan in groups of ``m`` pieces
-    (``penalty_scan_group``: ``one_pass_pieces_rerun_group<m>``, m = 4, 8, 16, 32).  The
+    (``penalty_scan_group``: ``one_pass_pieces_rerun_group<m>``, m = 4, 8, 16, 32) and with
+    the prep kernels' registers capped at 128 (``prep_register_cap``:
+    ``one_pass_pieces_rerun_prepcap128``).  The
     chunked backend's backward reads the chain values its forward kept;
     ``vla_triton_chunked_rerun`` times it rerunning the gate pass instead, beside it.
 
@@ -1042,6 +1044,8 @@ def adjoint(out: dict[str, Any]) -> None:
         **{f"one_pass_pieces_rerun_group{m}": {"adjoint_blocks": 1, **chunked,
                                                "parallel_rerun": True, "penalty_scan_group": m}
            for m in (4, 8, 16, 32)},
+        "one_pass_pieces_rerun_prepcap128": {"adjoint_blocks": 1, **chunked,
+                                             "parallel_rerun": True, "prep_register_cap": 128},
     }  # fmt: skip
     modes = {name: {"parallel_rerun": False, "keep_gate_values": False, **options}
              for name, options in modes.items()

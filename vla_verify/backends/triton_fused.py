@@ -164,7 +164,9 @@ class RecurrentPlan:
     products over nudge-free pieces, float32 accumulation: :func:`_penalty_adjoint_pieces`),
     ``penalty_scan_group`` (with ``chunked_penalty_adjoint``: the pieces' one sequential scan
     takes groups of this many pieces, each composed into one first; 1 = piece after piece;
-    0 = by the span's piece count, :func:`_scan_group`),
+    0 = by the span's piece count, :func:`_scan_group`), ``prep_register_cap`` (with the
+    chunked adjoints: a cap on the registers per thread of their prep kernels, ``maxnreg``, so
+    that more of their programs share an SM; 0 = the compiler's allocation),
     ``parallel_rerun`` (a one-pass span's gate rerun from every checkpoint interval side by
     side instead of through the span: :func:`_span_rerun`), ``keep_gate_values`` (in
     training the forward's gate program also stores each token's Sherman–Morrison values, and
@@ -190,6 +192,7 @@ class RecurrentPlan:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     penalty_scan_group: int = 1
+    prep_register_cap: int = 0
     parallel_rerun: bool = False
     keep_gate_values: bool = False
 
@@ -200,6 +203,13 @@ class RecurrentPlan:
                 raise UnsupportedConfigurationError(
                     _NAME, f"{name} must be an integer >= {least}, got {value!r}", name
                 )
+        cap = self.prep_register_cap
+        if not _is_int(cap) or not (cap == 0 or 32 <= cap <= 255):
+            raise UnsupportedConfigurationError(
+                _NAME,
+                f"prep_register_cap must be 0 (no cap) or 32 to 255 registers, got {cap!r}",
+                "prep_register_cap",
+            )
         for name in ("block_v", "bwd_block_v"):
             value = getattr(self, name)
             if not _is_int(value) or value < 16 or value & (value - 1):
@@ -254,6 +264,11 @@ class _Measured:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     penalty_scan_group: int = 1
+    # Not timed.  Built for sm_90 with a cap of 128 (sm90/preflight_prep_register_cap.json), at
+    # BK = 64 the state prep kernel keeps nothing on the stack and runs three programs an SM
+    # (two uncapped), the penalty prep kernel 16 bytes and two (one); at BK = 128 the penalty
+    # prep kernel keeps 672 bytes.
+    prep_register_cap: int = 0
     parallel_rerun: bool = False
     # The gate program's extra stores against the rerun they save: at BK = 64 forward + backward
     # at T = 16384 34.82 against 34.88 ms on an H100 (h100/adjoint_fcb06ea.json), no gain for
@@ -454,6 +469,7 @@ def plan_for(
         chunked_state_adjoint=training and row.chunked_state_adjoint and _on_gpu(device),
         chunked_penalty_adjoint=training and row.chunked_penalty_adjoint and _on_gpu(device),
         penalty_scan_group=row.penalty_scan_group,
+        prep_register_cap=row.prep_register_cap,
         parallel_rerun=training and row.parallel_rerun and _on_gpu(device),
         keep_gate_values=training and row.keep_gate_values,
     )
@@ -759,6 +775,11 @@ _DA_PART_ROWS = 512
 _DA_PART_BLOCK_ROWS = 32
 
 
+def _register_cap(plan: RecurrentPlan) -> dict[str, int]:
+    """The prep kernels' launch option for ``plan.prep_register_cap`` (none for 0)."""
+    return {"maxnreg": plan.prep_register_cap} if plan.prep_register_cap else {}
+
+
 def _chunked(asked: bool, run: _Run, dtype: torch.dtype, dk: int) -> bool:
     """Whether an adjoint half runs by products (the state adjoint in chunks,
     :func:`_state_adjoint_chunked`; the penalty adjoint in pieces,
@@ -805,7 +826,7 @@ def _state_adjoint_chunked(
     u = torch.empty(BH, chunks * bc, nv * bv, dtype=acc, device=dev)
     kernels.vla_state_bwd_prep_kernel[(chunks, BH)](
         q_ptr=q, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm, w_ptr=w, u_ptr=u, NV=nv,
-        **common,
+        **common, **_register_cap(plan),
     )  # fmt: skip
     x_end = torch.empty(BH, chunks, dk, dvp, dtype=acc, device=dev)
     dS_begin = torch.empty(BH, dk, dvp, dtype=acc, device=dev)
@@ -926,7 +947,7 @@ def _penalty_adjoint_pieces(
     kernels.vla_penalty_bwd_prep_kernel[(n_p, BH)](
         pc_ptr=pc, q_ptr=q, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, sv_ptr=sv, cs_ptr=cs,
         dahs_ptr=parts[1], dns_ptr=dn, u_ptr=u, qm_ptr=qm, lm_ptr=lm, dzp_ptr=dzp,
-        **common,
+        **common, **_register_cap(run.plan),
     )  # fmt: skip
     # After the first launch, so that the check's synchronisation overlaps it.
     delta_raw = cs[..., 0]
