@@ -358,7 +358,6 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     from vla_verify import VLAConfig
     from vla_verify.backends.triton_chunked import (
         BLOCK_START_FALLBACKS,
-        chunked_vla,
         penalty_block_length,
     )
     from vla_verify.bench import _inputs, time_ms
@@ -423,30 +422,52 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                     _log("variant failed", D, T, block, repr(exc)[:400])
                 if RUN.get("path"):
                     RUN["path"].write_text(json.dumps(out, indent=1))
-        x = _inputs(1, VT, H, D, dt, dev)
-        q, k, v, u = (x[n] for n in "qkvu")
-        try:
-            from torch.profiler import ProfilerActivity, profile
-
-            if smoke:
-                raise RuntimeError("no CUDA kernels to profile on the CPU")
-            pd = _penalty_dtype(x, cfg)
-            chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
-                torch.cuda.synchronize()
-            kern = {}
-            for e in prof.key_averages():
-                if e.device_type.name == "CUDA" or "kernel" in e.key:
-                    kern[e.key] = getattr(e, "device_time_total", 0.0) / 5 / 1e3
-            out["breakdown"][f"D{D}_T{VT}_ms"] = kern
-            _log("breakdown", D, kern)
-        except Exception as exc:
-            _log("breakdown failed", repr(exc))
+        _forward_breakdown(out, _inputs(1, VT, H, D, dt, dev), cfg, D, VT)
 
     overhead(out)
+
+
+def _forward_breakdown(out: dict[str, Any], x: dict[str, Any], cfg: Any, D: int, T: int) -> None:
+    """Device time per kernel of the chunked forward with the default plan (torch.profiler,
+    mean of 5 calls), into ``out["breakdown"]["D{D}_T{T}_ms"]``."""
+    import torch
+
+    from vla_verify.backends.triton_chunked import chunked_vla
+
+    q, k, v, u = (x[n] for n in "qkvu")
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        if RUN["smoke"]:
+            raise RuntimeError("no CUDA kernels to profile on the CPU")
+        pd = _penalty_dtype(x, cfg)
+        chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                chunked_vla(q, k, v, u, config=cfg, penalty_dtype=pd)
+            torch.cuda.synchronize()
+        kern = {}
+        for e in prof.key_averages():
+            if e.device_type.name == "CUDA" or "kernel" in e.key:
+                kern[e.key] = getattr(e, "device_time_total", 0.0) / 5 / 1e3
+        out["breakdown"][f"D{D}_T{T}_ms"] = kern
+        _log("breakdown", D, T, sorted(kern.items(), key=lambda kv: -kv[1])[:12])
+    except Exception as exc:
+        _log("breakdown failed", repr(exc))
+
+
+def forward_breakdown(out: dict[str, Any]) -> None:
+    """:func:`_forward_breakdown` at each of ``forward_breakdown_sizes``, alone."""
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.bench import _inputs
+
+    for D, T in RUN["forward_breakdown_sizes"]:
+        x = _inputs(1, T, RUN["grid_H"], D, torch.float32 if RUN["smoke"] else torch.bfloat16,
+                    RUN["device"])  # fmt: skip
+        _forward_breakdown(out, x, VLAConfig(), D, T)
 
 
 def overhead(out: dict[str, Any]) -> None:
@@ -997,7 +1018,7 @@ def adjoint(out: dict[str, Any]) -> None:
     for the backward (``keep_gate_values``, no rerun: ``one_pass_pieces_kept``,
     ``one_pass_state_kept``, ``one_pass_kept``; the recurrent backend's forward only), and
     ``one_pass_pieces_rerun`` with the pieces' scan in groups of ``m`` pieces
-    (``penalty_scan_group``: ``one_pass_pieces_rerun_group<m>``, m = 4, 8, 16, 32) and with
+    (``penalty_scan_group``: ``one_pass_pieces_rerun_group<m>``, m = 1, 4, 8, 16, 32) and with
     the prep kernels' registers capped at 128 (``prep_register_cap``:
     ``one_pass_pieces_rerun_prepcap128``).  The
     chunked backend's backward reads the chain values its forward kept;
@@ -1043,7 +1064,7 @@ def adjoint(out: dict[str, Any]) -> None:
         "one_pass_kept": {"adjoint_blocks": 1, **per_token, "keep_gate_values": True},
         **{f"one_pass_pieces_rerun_group{m}": {"adjoint_blocks": 1, **chunked,
                                                "parallel_rerun": True, "penalty_scan_group": m}
-           for m in (4, 8, 16, 32)},
+           for m in (1, 4, 8, 16, 32)},
         "one_pass_pieces_rerun_prepcap128": {"adjoint_blocks": 1, **chunked,
                                              "parallel_rerun": True, "prep_register_cap": 128},
     }  # fmt: skip
@@ -1313,6 +1334,15 @@ def main() -> None:
         "--adjoint-sizes (the last step of --adjoint, alone)",
     )
     ap.add_argument(
+        "--forward-breakdown",
+        nargs="+",
+        type=_dxt,
+        default=None,
+        metavar="DxT",
+        help="only the device time per kernel of the forward with the default plan at these "
+        "sizes, e.g. 64x4096 64x16384",
+    )
+    ap.add_argument(
         "--adjoint-sizes",
         nargs="+",
         type=_dxt,
@@ -1411,6 +1441,9 @@ def main() -> None:
         steps.append(lambda: adjoint(out))
     elif a.training_breakdown:
         steps.append(lambda: training_breakdown(out))
+    elif a.forward_breakdown:
+        RUN["forward_breakdown_sizes"] = tuple(a.forward_breakdown)
+        steps.append(lambda: forward_breakdown(out))
     elif a.chain_variants or a.block_variants or a.host_trace or a.readout_variants:
         if a.chain_variants:
             steps.append(lambda: chain_variants(out))
