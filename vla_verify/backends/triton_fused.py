@@ -264,10 +264,10 @@ class _Measured:
     chunked_state_adjoint: bool = False
     chunked_penalty_adjoint: bool = False
     penalty_scan_group: int = 1
-    # Not timed.  Built for sm_90 with a cap of 128 (sm90/preflight_prep_register_cap.json), at
-    # BK = 64 the state prep kernel keeps nothing on the stack and runs three programs an SM
-    # (two uncapped), the penalty prep kernel 16 bytes and two (one); at BK = 128 the penalty
-    # prep kernel keeps 672 bytes.
+    # Built for sm_90 with a cap of 128 (sm90/preflight_prep_register_cap.json), at BK = 64
+    # the state prep kernel keeps nothing on the stack and runs three programs an SM (two
+    # uncapped), the penalty prep kernel 16 bytes and two (one); at BK = 128 the penalty prep
+    # kernel keeps 672 bytes.  Timed in the rows below.
     prep_register_cap: int = 0
     parallel_rerun: bool = False
     # The gate program's extra stores against the rerun they save: at BK = 64 forward + backward
@@ -334,6 +334,9 @@ _MEASURED: dict[int, _Measured] = {
         # 4 / 8 / 16 pieces 62.0 / 59.3 / 60.1 ms against 68.3 piece after piece, 32 (two
         # groups a span) 70.1 (h100/adjoint_groups_d128_753ac4b.json).
         penalty_scan_group=0,
+        # uncapped: a cap of 128 took forward + backward at T = 16384 from 59.2 to 61.0 ms on
+        # an H100 (h100/adjoint_prepcap_704b24b.json), the 672 bytes of stack above.
+        prep_register_cap=0,
         # forward + backward at T = 16384 162.2 against 188.5 ms (the fused backend 170.5
         # against 196.9); 16 warps under a 128-register cap 201.9 (h200/adjoint_fold.json).
         parallel_rerun=True,
@@ -374,6 +377,11 @@ _MEASURED: dict[int, _Measured] = {
         # 4 / 8 / 16 / 32 pieces 18.9 / 18.2 / 17.9 / 17.7 ms against 20.9 piece after piece
         # (h100/adjoint_groups_753ac4b.json).
         penalty_scan_group=0,
+        # 128: forward + backward at T = 16384 17.28 against 17.67 ms uncapped on an H100
+        # (h100/adjoint_prepcap_704b24b.json); on an H200 4.75 against 5.45 at T = 4096 and
+        # 2.88 against 2.78 at T = 1024, where the host's launches set the time
+        # (h200/adjoint_groups_short_704b24b.json).
+        prep_register_cap=128,
         # with both chunked adjoints, forward + backward at T = 16384 27.1 against 39.5 ms (the
         # fused backend 37.0 against 49.4; h200/adjoint_rerun.json); the rerun in single
         # checkpoint intervals 27.09, the pieces' scan in 8 blocks 27.21 (h200/adjoint_fold.json).
