@@ -155,8 +155,12 @@ def _constexpr(v: dict[str, Any]) -> Any:
     return next(iter(v.values()))
 
 
-def build(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step 2: compile each distinct launch for sm_90; one row per configuration."""
+def build(
+    launches: list[dict[str, Any]], modules: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Step 2: compile each distinct launch for sm_90; one row per configuration.  A launch's
+    ``module`` names where its kernel is: the backend's kernel modules, or ``modules`` (name →
+    an object holding the kernel as an attribute, for prototypes)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -164,7 +168,7 @@ def build(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vla_verify.backends import triton_chunked_kernels, triton_fused_kernels
 
     modules = {"triton_fused_kernels": triton_fused_kernels,
-               "triton_chunked_kernels": triton_chunked_kernels}  # fmt: skip
+               "triton_chunked_kernels": triton_chunked_kernels, **(modules or {})}  # fmt: skip
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     seen: set[str] = set()
     rows = []
