@@ -169,8 +169,13 @@ def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
     linear = {T: 1e-3 * T for T in Ts}
     quadratic = {T: 1e-7 * T * T for T in Ts}
     assert script._crossing(linear, quadratic) == pytest.approx(1e4)
-    assert script._crossing(quadratic, linear) == 1024.0  # faster from the smallest T on
+    # Faster at the short lengths only: no crossover (the old rule gave the first T faster).
+    assert script._crossing(quadratic, linear) is None
+    assert script._crossing({T: 0.5 * v for T, v in linear.items()}, linear) == 1024.0
     assert script._crossing({T: 2 * v for T, v in quadratic.items()}, quadratic) is None
+    # Faster, slower, then faster from the crossing between 4096 and 16384 on.
+    wobbly = {1024: 1.0, 4096: 4.0, 16384: 1.0, 65536: 1.0}
+    assert script._crossing(wobbly, {T: 2.0 for T in Ts}) == pytest.approx(8192.0)
     records = [
         {"op": op, "D": 64, "mode": "fwd", "T": T, "median_ms": series[T]}
         for op, series in (("vla_triton_chunked", linear), ("sdpa", quadratic))

@@ -510,23 +510,21 @@ def overhead(out: dict[str, Any]) -> None:
 
 
 def _crossing(a: dict[int, float], b: dict[int, float]) -> float | None:
-    """The T at which op ``a`` becomes faster than op ``b`` (medians by T), interpolated
-    log-linearly between the two measured T around the first sign change; ``None`` if ``a``
-    is never faster, the smallest T if it is faster everywhere."""
+    """The T from which op ``a`` is faster than op ``b`` at every longer measured T (medians by
+    T), interpolated log-linearly between the last measured T where it is slower and the next;
+    the smallest T if it is faster everywhere; ``None`` if it is slower at the longest T."""
     import math
 
     Ts = sorted(set(a) & set(b))
-    prev = None
-    for T in Ts:
-        d = math.log(a[T]) - math.log(b[T])
-        if d < 0:
-            if prev is None:
-                return float(T)
-            T0, d0 = prev
-            w = d0 / (d0 - d)
-            return float(math.exp(math.log(T0) + w * (math.log(T) - math.log(T0))))
-        prev = (T, d)
-    return None
+    gaps = [math.log(a[T]) - math.log(b[T]) for T in Ts]
+    if not Ts or gaps[-1] >= 0:
+        return None
+    slower = [i for i, g in enumerate(gaps) if g >= 0]
+    if not slower:
+        return float(Ts[0])
+    i = slower[-1]
+    w = gaps[i] / (gaps[i] - gaps[i + 1])
+    return float(math.exp(math.log(Ts[i]) + w * (math.log(Ts[i + 1]) - math.log(Ts[i]))))
 
 
 def analyse(out: dict[str, Any], path: Path) -> None:
