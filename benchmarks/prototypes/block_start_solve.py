@@ -11,19 +11,24 @@ symmetrises, transposes and copies the starts into the penalty kernel's float64 
 LU and its two triangular solves take 0.188 ms of device time at T = 4096 and at 16384 (16
 blocks of 16 heads, ``benchmarks/results/h200/forward_breakdown_704b24b.json``), 0.49 ms at
 D = 128, T = 16384 on an H100 (``h100/chunk.json``), about a fifth of the forward's device time
-at D = 64, T = 4096, and six PyTorch operations and eight launches for the host.
+at D = 64, T = 4096; for the host, six kinds of cuBLAS kernel (the LU's panels, its row
+exchanges and a product, two triangular solves, a set-up of pointers) and the symmetrisation's
+PyTorch operations.
 
 :func:`block_start_solve_kernel` does it in one launch, one program per start: Gauss–Jordan
 elimination with partial pivoting on ``[Θᵀ | Πᵀ]`` (``Θᵀ Aᵀ = Πᵀ``), the row exchanges kept
 implicit (each pivot row is marked used and remembers its column), the solution's rows put in
 order by one product with the permutation, then ``X = (Z + Zᵀ)/2`` stored in the scratch's
-layout.  Each of the ``d`` steps is a few reductions over a ``BK × BK`` float64 tile (``d³``
-multiply-adds a start in all, against the LU's ``2d³/3`` and its solves' ``2d³``).  A singular
+layout.  Each of the ``d`` steps is a few reductions over a ``BK × BK`` float64 tile; about
+``3d³`` multiply-adds a start (the elimination's ``2d³`` and the permutation's product) against
+about ``4d³/3`` for the LU and its two triangular solves: more arithmetic in one launch, without
+the LU's panel steps.  A singular
 ``Θ`` gives non-finite starts, which the forward's block-end check rejects, as with the LU.
 
 ``python benchmarks/prototypes/block_start_solve.py OUT`` (on a GPU) checks the kernel against
 the backend's solve on starts built as the forward's are (:func:`make_inputs`), then times both
-with ``triton.testing.do_bench`` (B·H = 16; D = 64 with 16 and 4 blocks, D = 32 with 16; the
+alone, then the whole forward with each (:func:`forward_side_by_side`), with
+``triton.testing.do_bench`` (B·H = 16; D = 64 with 16 and 4 blocks, D = 32 with 16; the
 kernel at 4 and 8 warps),
 writing ``OUT/block_start_solve.json``; ``--preflight [JSON]`` builds the kernel for sm_90
 without a GPU (:func:`preflight`).
@@ -106,18 +111,26 @@ def solve_kernel(XX: torch.Tensor, BK: int, *, bug: int = 0, warps: int = 8) -> 
 
 def solve_backend(XX: torch.Tensor, BK: int) -> torch.Tensor:
     """The backend's way, as ``penalty_block_starts`` and ``_forward`` run it: cuBLAS's batched
-    LU (on a GPU), symmetrised, transposed and copied into the scratch's layout."""
-    from vla_verify.backends.triton_chunked import _batched_cublas_lu
+    LU (on a GPU), symmetrised (``_solve_block_starts``), transposed and copied into the
+    scratch's layout."""
+    from vla_verify.backends.triton_chunked import _solve_block_starts
 
     d = XX.shape[-1]
-    with _batched_cublas_lu(XX.device):
-        A = torch.linalg.solve_ex(XX[:, :, d:], XX[:, :, :d], left=False)[0]
-    starts = (0.5 * (A + A.mT)).transpose(0, 1)
+    starts = _solve_block_starts(XX)
     if d == BK:
         return starts.mT.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
     X = torch.zeros(*starts.shape[:2], BK, BK, dtype=torch.float64, device=XX.device)
     X[:, :, :d, :d] = starts.mT
     return X
+
+
+def starts_by_kernel(XX: torch.Tensor) -> torch.Tensor:
+    """A stand-in for the backend's ``_solve_block_starts`` (the same inputs and outputs,
+    ``[BH, NB, d, d]``), by :func:`block_start_solve_kernel` at 4 warps: the starts are
+    symmetric, so the kernel's ``X = Aᵀ`` is ``A``."""
+    d = XX.shape[-1]
+    BK = max(16, triton.next_power_of_2(d))
+    return solve_kernel(XX, BK, warps=4)[:, :, :d, :d]
 
 
 def make_inputs(
@@ -181,8 +194,43 @@ def main(out: Path) -> None:
             )
         res["rows"].append(row)
         print(row, flush=True)
+    res["forward"] = forward_side_by_side()
     out.mkdir(parents=True, exist_ok=True)
     (out / "block_start_solve.json").write_text(json.dumps(res, indent=1))
+
+
+def forward_side_by_side(sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384))) -> list:
+    """The chunked forward (B = 1, H = 16, bf16, paper preset) with the backend's solve and
+    with :func:`starts_by_kernel` in its place, side by side: medians, the outputs' largest
+    relative difference, and the block-start check's fallbacks (none expected)."""
+    from triton.testing import do_bench
+
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import _inputs
+
+    backend_solve = tc._solve_block_starts
+    rows = []
+    for D, T in sizes:
+        x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+        args = [x[n] for n in "qkvu"]
+        row: dict[str, Any] = {"D": D, "T": T}
+        outputs = {}
+        for name, solve in (("backend", backend_solve), ("kernel", starts_by_kernel)):
+            tc._solve_block_starts = solve
+            try:
+                before = tc.BLOCK_START_FALLBACKS[0]
+                outputs[name] = tc.chunked_vla(*args)[0].float()
+                row[f"{name}_ms"] = do_bench(lambda: tc.chunked_vla(*args))  # noqa: B023
+                torch.cuda.synchronize()
+                row[f"{name}_fallbacks"] = tc.BLOCK_START_FALLBACKS[0] - before
+            finally:
+                tc._solve_block_starts = backend_solve
+        ref = outputs["backend"]
+        row["o_relative_difference"] = float((outputs["kernel"] - ref).abs().max()
+                                             / ref.abs().max())  # fmt: skip
+        rows.append(row)
+        print(row, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -435,14 +435,7 @@ def penalty_block_starts(
             Bm.contiguous(), XX, NB, BH, dk, R=max(16, _pow2(2 * dk)), KB=32, NC=nc,
             num_warps=4 if dk <= 32 else 8,
         )  # fmt: skip
-        # solve_ex without its error check and by cuBLAS's batched LU: torch.linalg.solve reads
-        # the LU's info back, and the batched LU PyTorch takes by default (MAGMA's) synchronises
-        # the device, so each call waited for the GPU (h200/host_trace_syncs.json: 6.4 ms at
-        # D = 128, T = 16384).  A singular Θ gives non-finite starts, which the caller's
-        # block-end check rejects.
-        with _batched_cublas_lu(XX.device):
-            A = torch.linalg.solve_ex(XX[:, :, dk:], XX[:, :, :dk], left=False)[0]  # Π Θ^{-1}
-        return (0.5 * (A + A.mT)).transpose(0, 1)
+        return _solve_block_starts(XX)
     A = A0
     starts = [A0]
     for b in range(NB - 1):
@@ -451,6 +444,21 @@ def penalty_block_starts(
         A = 0.5 * (A + A.mT)
         starts.append(A)
     return torch.stack(starts, dim=1)
+
+
+def _solve_block_starts(XX: torch.Tensor) -> torch.Tensor:
+    """The starts ``A = Π Θ^{-1}``, symmetrised, ``[BH, NB, dk, dk]`` float64, from every
+    block's ``(Π; Θ)`` ``XX`` ``[NB, BH, 2dk, dk]`` float64.
+
+    ``solve_ex`` without its error check and by cuBLAS's batched LU: ``torch.linalg.solve``
+    reads the LU's info back, and the batched LU PyTorch takes by default (MAGMA's)
+    synchronises the device, so each call waited for the GPU (``h200/host_trace_syncs.json``:
+    6.4 ms at D = 128, T = 16384).  A singular ``Θ`` gives non-finite starts, which the
+    caller's block-end check rejects."""
+    dk = XX.shape[-1]
+    with _batched_cublas_lu(XX.device):
+        A = torch.linalg.solve_ex(XX[:, :, dk:], XX[:, :, :dk], left=False)[0]  # Π Θ^{-1}
+    return (0.5 * (A + A.mT)).transpose(0, 1)
 
 
 @contextlib.contextmanager
