@@ -153,10 +153,8 @@ print(compare("o", o.double().numpy(), ref.o, base.o, "float32", terms=8 + 64).r
     assert np.isfinite(ratio) and ratio <= 1.0
 
 
-def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
-    """``benchmarks/gpu/chunk_h200.py`` computes the crossover T (for C9 and for
-    ``FORWARD_CROSSOVER_T``) from medians: on a linear op against a quadratic one that meet at
-    T = 10⁴ it finds 10⁴ and the exponents 1 and 2; an op never faster has no crossover."""
+def _grid_script():
+    """``benchmarks/gpu/chunk_h200.py`` as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -165,6 +163,35 @@ def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_a_cut_grid_resumes_from_its_complete_rows() -> None:
+    """``chunk_h200.py --resume``: a grid cut during a row keeps its correctness and every row
+    whose ops were all timed; the cut row is dropped, to be timed again whole (its ops side by
+    side), and the grid's timing skips exactly the kept rows.  Another machine's records keep
+    their machine, the new one beside it."""
+    script = _grid_script()
+    ops = ("vla_triton_chunked", "sdpa")
+    done = [{"op": op, "D": 64, "T": 1024, "mode": "fwd", "median_ms": 1.0} for op in ops]
+    cut = [{"op": "vla_triton_chunked", "D": 64, "T": 4096, "mode": "fwd", "median_ms": 2.0}]
+    machine = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc"}
+    previous = {"machine": machine, "records": done + cut, "correctness": {"grad": {"ok": 1}}}
+    out = script.resumed(previous, {**machine, "commit": "def"})
+    assert out["records"] == done and out["correctness"] == previous["correctness"]
+    assert "machine_resumed" not in out
+    assert script._timed(out["records"], 64, 1024, "fwd")
+    assert not script._timed(out["records"], 64, 4096, "fwd")
+    assert not script._timed(out["records"], 64, 1024, "fwdbwd")
+    other = script.resumed(previous, {"gpu": "NVIDIA H200", "commit": "abc"})
+    assert other["machine"] == machine and other["machine_resumed"]["gpu"] == "NVIDIA H200"
+
+
+def test_the_measured_crossover_reaches_a_known_answer(tmp_path) -> None:
+    """``benchmarks/gpu/chunk_h200.py`` computes the crossover T (for C9 and for
+    ``FORWARD_CROSSOVER_T``) from medians: on a linear op against a quadratic one that meet at
+    T = 10⁴ it finds 10⁴ and the exponents 1 and 2; an op never faster has no crossover."""
+    script = _grid_script()
     Ts = (1024, 4096, 16384, 65536)
     linear = {T: 1e-3 * T for T in Ts}
     quadratic = {T: 1e-7 * T * T for T in Ts}

@@ -352,6 +352,32 @@ def _variant(x: dict[str, Any], cfg: Any, block: int | None) -> Any:
     return lambda: chunked_vla(q, k, v, u, config=cfg, penalty_block=block)[0]
 
 
+def resumed(previous: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
+    """A cut grid to go on from: its correctness, and its records of every (D, T, mode) row
+    whose ops were all timed (a row's ops are timed side by side, so a partial row is timed
+    again whole); the rest as a new run's.  Where this machine is not the one that measured
+    them, both machine records are kept, the new one as ``machine_resumed``."""
+    rows: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    for r in previous["records"]:
+        rows.setdefault((r["D"], r["T"], r["mode"]), []).append(r)
+    ops = {r["op"] for r in previous["records"]}
+    kept = [r for row in rows.values() if {r["op"] for r in row} == ops for r in row]
+    out = {"machine": previous["machine"], "records": kept, "variants": [], "breakdown": {},
+           "correctness": previous.get("correctness", {})}  # fmt: skip
+    if "correctness_seconds" in previous:
+        out["correctness_seconds"] = previous["correctness_seconds"]
+    if {k: v for k, v in machine.items() if k != "commit"} != {
+        k: v for k, v in previous["machine"].items() if k != "commit"
+    }:
+        out["machine_resumed"] = machine
+    return out
+
+
+def _timed(recs: list[dict[str, Any]], D: int, T: int, mode: str) -> bool:
+    """Whether the records hold row (D, T, mode) already (a resumed grid's)."""
+    return any((r["D"], r["T"], r["mode"]) == (D, T, mode) for r in recs)
+
+
 def timing(out: dict[str, Any], quick: bool) -> None:
     import torch
 
@@ -370,8 +396,13 @@ def timing(out: dict[str, Any], quick: bool) -> None:
     for D in RUN["grid_Ds"]:
         extra = RUN["c9_Ts"] if D == 64 and not quick else ()
         for T in sorted({*Ts, *extra}):
+            if _timed(recs, D, T, "fwd") and _timed(recs, D, T, "fwdbwd"):
+                continue
             x = _inputs(1, T, H, D, dt, dev)
+            fns = {}
             for mode, make in (("fwd", _grid_fns), ("fwdbwd", _grid_fwdbwd_fns)):
+                if _timed(recs, D, T, mode):
+                    continue
                 fns = make(x, cfg, T, D)
                 for op, fn in fns.items():
                     before = BLOCK_START_FALLBACKS[0]
@@ -1248,6 +1279,14 @@ def main() -> None:
     )
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="go on from a grid's chunk.json that a time limit cut: its correctness and its "
+        "complete rows are kept (resumed)",
+    )
+    ap.add_argument(
         "--graphs",
         action="store_true",
         help="the grid's forwards also replayed from CUDA graphs (eager_ms and graph_ms)",
@@ -1405,12 +1444,14 @@ def main() -> None:
 
     out: dict[str, Any] = {"machine": {**machine_info(), "commit": a.commit}, "records": [],
                            "correctness": {}, "variants": [], "breakdown": {}}  # fmt: skip
+    if a.resume is not None:
+        out = resumed(json.loads(a.resume.read_text()), out["machine"])
     path = Path(a.out) / "chunk.json"
     RUN["path"] = path
     t0 = time.time()
 
     def full() -> None:
-        if not a.skip_correctness:
+        if not a.skip_correctness and not out["correctness"]:
             correctness(out, a.quick or a.quick_correctness)
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
