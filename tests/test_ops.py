@@ -170,14 +170,16 @@ def test_a_cut_grid_resumes_from_its_complete_rows() -> None:
     """``chunk_h200.py --resume``: a grid cut during a row keeps its correctness and every row
     whose ops were all timed; the cut row is dropped, to be timed again whole (its ops side by
     side), and the grid's timing skips exactly the kept rows.  Another machine's records keep
-    their machine, the new one beside it."""
+    their machine, the new one beside it; another commit is refused."""
     script = _grid_script()
     ops = ("vla_triton_chunked", "sdpa")
     done = [{"op": op, "D": 64, "T": 1024, "mode": "fwd", "median_ms": 1.0} for op in ops]
     cut = [{"op": "vla_triton_chunked", "D": 64, "T": 4096, "mode": "fwd", "median_ms": 2.0}]
     machine = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc"}
     previous = {"machine": machine, "records": done + cut, "correctness": {"grad": {"ok": 1}}}
-    out = script.resumed(previous, {**machine, "commit": "def"})
+    with pytest.raises(SystemExit, match="one commit"):
+        script.resumed(previous, {**machine, "commit": "def"})
+    out = script.resumed(previous, dict(machine))
     assert out["records"] == done and out["correctness"] == previous["correctness"]
     assert "machine_resumed" not in out
     assert script._timed(out["records"], 64, 1024, "fwd")

@@ -356,7 +356,13 @@ def resumed(previous: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]
     """A cut grid to go on from: its correctness, and its records of every (D, T, mode) row
     whose ops were all timed (a row's ops are timed side by side, so a partial row is timed
     again whole); the rest as a new run's.  Where this machine is not the one that measured
-    them, both machine records are kept, the new one as ``machine_resumed``."""
+    them, both machine records are kept, the new one as ``machine_resumed``.  A grid is of one
+    commit: resuming at another is refused."""
+    if machine.get("commit") != previous["machine"].get("commit"):
+        raise SystemExit(
+            f"--resume: the grid was measured at commit {previous['machine'].get('commit')!r}, "
+            f"this run is {machine.get('commit')!r}; a grid is of one commit"
+        )
     rows: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
     for r in previous["records"]:
         rows.setdefault((r["D"], r["T"], r["mode"]), []).append(r)
