@@ -167,16 +167,17 @@ def _grid_script():
 
 
 def test_a_cut_grid_resumes_from_its_complete_rows() -> None:
-    """``chunk_h200.py --resume``: a grid cut during a row keeps its correctness and every row
-    whose ops were all timed; the cut row is dropped, to be timed again whole (its ops side by
-    side), and the grid's timing skips exactly the kept rows.  Another machine's records keep
-    their machine, the new one beside it; another commit is refused."""
+    """``chunk_h200.py --resume``: a grid cut during a row keeps its correctness (where all of it
+    ran) and every row whose ops were all timed; the cut row is dropped, to be timed again whole
+    (its ops side by side), and the grid's timing skips exactly the kept rows.  Another
+    machine's records keep their machine, the new one beside it; another commit is refused."""
     script = _grid_script()
     ops = ("vla_triton_chunked", "sdpa")
     done = [{"op": op, "D": 64, "T": 1024, "mode": "fwd", "median_ms": 1.0} for op in ops]
     cut = [{"op": "vla_triton_chunked", "D": 64, "T": 4096, "mode": "fwd", "median_ms": 2.0}]
     machine = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc"}
-    previous = {"machine": machine, "records": done + cut, "correctness": {"grad": {"ok": 1}}}
+    previous = {"machine": machine, "records": done + cut, "correctness": {"grad": {"ok": 1}},
+                "correctness_seconds": 90.0}  # fmt: skip
     with pytest.raises(SystemExit, match="one commit"):
         script.resumed(previous, {**machine, "commit": "def"})
     out = script.resumed(previous, dict(machine))
@@ -185,6 +186,9 @@ def test_a_cut_grid_resumes_from_its_complete_rows() -> None:
     assert script._timed(out["records"], 64, 1024, "fwd")
     assert not script._timed(out["records"], 64, 4096, "fwd")
     assert not script._timed(out["records"], 64, 1024, "fwdbwd")
+    # Cut during the correctness steps (no seconds written): they run again.
+    partial = {k: v for k, v in previous.items() if k != "correctness_seconds"}
+    assert script.resumed(partial, dict(machine))["correctness"] == {}
     other = script.resumed(previous, {"gpu": "NVIDIA H200", "commit": "abc"})
     assert other["machine"] == machine and other["machine_resumed"]["gpu"] == "NVIDIA H200"
 

@@ -353,11 +353,11 @@ def _variant(x: dict[str, Any], cfg: Any, block: int | None) -> Any:
 
 
 def resumed(previous: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
-    """A cut grid to go on from: its correctness, and its records of every (D, T, mode) row
-    whose ops were all timed (a row's ops are timed side by side, so a partial row is timed
-    again whole); the rest as a new run's.  Where this machine is not the one that measured
-    them, both machine records are kept, the new one as ``machine_resumed``.  A grid is of one
-    commit: resuming at another is refused."""
+    """A cut grid to go on from: its correctness where all of it ran, and its records of every
+    (D, T, mode) row whose ops were all timed (a row's ops are timed side by side, so a partial
+    row is timed again whole); the rest as a new run's.  Where this machine is not the one
+    that measured them, both machine records are kept, the new one as ``machine_resumed``.  A
+    grid is of one commit: resuming at another is refused."""
     if machine.get("commit") != previous["machine"].get("commit"):
         raise SystemExit(
             f"--resume: the grid was measured at commit {previous['machine'].get('commit')!r}, "
@@ -369,8 +369,9 @@ def resumed(previous: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]
     ops = {r["op"] for r in previous["records"]}
     kept = [r for row in rows.values() if {r["op"] for r in row} == ops for r in row]
     out = {"machine": previous["machine"], "records": kept, "variants": [], "breakdown": {},
-           "correctness": previous.get("correctness", {})}  # fmt: skip
-    if "correctness_seconds" in previous:
+           "correctness": {}}  # fmt: skip
+    if "correctness_seconds" in previous:  # the correctness steps all ran
+        out["correctness"] = previous["correctness"]
         out["correctness_seconds"] = previous["correctness_seconds"]
     if {k: v for k, v in machine.items() if k != "commit"} != {
         k: v for k, v in previous["machine"].items() if k != "commit"
@@ -1289,8 +1290,8 @@ def main() -> None:
         type=Path,
         default=None,
         metavar="JSON",
-        help="go on from a grid's chunk.json that a time limit cut: its correctness and its "
-        "complete rows are kept (resumed)",
+        help="go on from a grid's chunk.json that a time limit cut, at the same commit: its "
+        "correctness (where all of it ran) and its complete rows are kept (resumed)",
     )
     ap.add_argument(
         "--graphs",
@@ -1457,7 +1458,9 @@ def main() -> None:
     t0 = time.time()
 
     def full() -> None:
-        if not a.skip_correctness and not out["correctness"]:
+        # A resumed grid keeps its correctness only where all of it ran (its seconds are
+        # written after the last step).
+        if not a.skip_correctness and "correctness_seconds" not in out:
             correctness(out, a.quick or a.quick_correctness)
         out["correctness_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(out, indent=1))
