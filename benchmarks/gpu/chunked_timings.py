@@ -1,0 +1,77 @@
+"""The chunked kernel's forward and forward + backward medians and the forward's device time,
+of the checkout this runs from, for comparing commits on one machine side by side.
+
+Run it from two checkouts in one session on the same GPU (B = 1, H = 16, bf16, paper preset;
+``triton.testing.do_bench`` medians after its warm-up, each taken twice and the lower kept;
+the forward's device time summed over its kernels by torch.profiler, mean of five calls)::
+
+    python benchmarks/gpu/chunked_timings.py OUT.json --label NAME [--sizes 64x4096 ...]
+
+and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
+two checkouts that should compute the same numbers can be seen to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _row(D: int, T: int) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _grad_op, _inputs, time_ms
+
+    cfg = VLAConfig()
+    x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+    args = [x[n] for n in "qkvu"]
+
+    def fwd() -> Any:
+        return chunked_vla(*args, config=cfg)[0]
+
+    def forward(q: Any, k: Any, v: Any, u: Any) -> Any:
+        return chunked_vla(q, k, v, u, config=cfg)[0]
+
+    leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
+    fwdbwd = _grad_op(forward, leaves, x["do"])
+    row: dict[str, Any] = {"D": D, "T": T, "o_checksum": float(fwd().double().abs().sum())}
+    for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+        row[f"{mode}_ms"] = min(time_ms(fn), time_ms(fn))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fwd()
+        torch.cuda.synchronize()
+    kernels = {e.key: e.device_time_total / 5 / 1000 for e in prof.key_averages()
+               if e.device_time_total > 0}  # fmt: skip
+    row["fwd_device_ms"] = sum(kernels.values())
+    row["fwd_kernels_ms"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])
+    return row
+
+
+def main() -> None:
+    from vla_verify.bench import machine_info
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--sizes", nargs="+", default=["64x4096", "64x16384", "128x16384"])
+    a = ap.parse_args()
+    res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
+    for size in a.sizes:
+        D, T = (int(s) for s in size.split("x"))
+        row = _row(D, T)
+        res["rows"].append(row)
+        print(a.label, json.dumps({k: v for k, v in row.items() if k != "fwd_kernels_ms"}),
+              flush=True)  # fmt: skip
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
