@@ -444,6 +444,46 @@ def penalty_block_starts_kernel(
 
 
 @triton.jit
+def block_end_check_kernel(
+    x_ptr,  # [BH, NB, BK, BK] float64: each block's end Aᵀ (the penalty chain's scratch)
+    starts_ptr,  # [BH, NB, DK, DK] float64, strides (sb_h, sb_n, DK, 1): each block's start A
+    flag_ptr,  # int32 [1] out: set to 1 where a check fails, else left as it is
+    NB,
+    sb_h,
+    sb_n,
+    DK,
+    rtol,
+    BK: tl.constexpr,
+    RB: tl.constexpr,  # rows per tile
+):
+    """Grid ``(BH, NB − 1)``: block ``n``'s end, run by the chain from its start, must equal
+    block ``n + 1``'s start entry by entry to ``rtol`` times that start's largest entry
+    (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts`, the products-only starts
+    checked); a larger difference or a NaN sets the flag."""
+    bh = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1)
+    r = tl.arange(0, RB)
+    c = tl.arange(0, BK)
+    gap = tl.zeros([], dtype=tl.float64)
+    scale = tl.zeros([], dtype=tl.float64)
+    nans = tl.zeros([], dtype=tl.int32)
+    for r0 in range(0, BK, RB):
+        i = r0 + r
+        m = (i[:, None] < DK) & (c[None, :] < DK)
+        # The scratch holds Aᵀ: element (i, j) of the end A is X[j, i].
+        end = tl.load(x_ptr + ((bh * NB + n) * BK + c[None, :]) * BK + i[:, None], mask=m,
+                      other=0.0)  # fmt: skip
+        start = tl.load(starts_ptr + bh * sb_h + (n + 1) * sb_n + i[:, None] * DK + c[None, :],
+                        mask=m, other=0.0)  # fmt: skip
+        diff = tl.abs(end - start)
+        nans += tl.sum(tl.sum((diff != diff).to(tl.int32), axis=1), axis=0)
+        gap = tl.maximum(gap, tl.max(tl.max(diff, axis=1), axis=0))
+        scale = tl.maximum(scale, tl.max(tl.max(tl.abs(start), axis=1), axis=0))
+    if (nans > 0) | (gap > scale * rtol):
+        tl.store(flag_ptr, 1)
+
+
+@triton.jit
 def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, norm_eps, row0,
              TP, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """``K̂``, ``Â``, ``V`` of the 16 tokens from ``row0`` (zero past ``T``), float32."""
