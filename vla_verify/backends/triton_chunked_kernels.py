@@ -36,8 +36,7 @@ The launches, in this order:
    ``Ṽ = T V``.
 3. :func:`state_starts_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h,
    block of value rows), chunk after chunk: ``E_c = Ṽ_c − K̃_c S_cᵀ`` and
-   ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``;
-   the first value block's programs also sum the keys, storing ``z`` at every chunk start.
+   ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``.
 4. :func:`state_output_kernel` — every chunk's read-out at once:
    ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the read-out normaliser from
    ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s`` (in training also ``α̂_tᵀq_t`` and ``z_tᵀq_t`` per
@@ -627,15 +626,8 @@ def state_starts_kernel(
     s_chunks_ptr,  # [BH, NC, BV, BK] float32 out: S at each chunk's start
     e_ptr,  # [BH, TP, BV] float32 out: E_c = Ṽ_c − K̃_c S_cᵀ
     s_out_ptr,  # [BH, DV, DK] float32 out
-    k_ptr,  # [B, T, H, DK] the keys (any float type)
-    z0_ptr,  # [BH, DK] float32 (HAS_Z0): z before the first token
-    z_chunks_ptr,  # [B, NC, H, DK] float32 out: z at each chunk's start
-    z_out_ptr,  # [BH, DK] float32 out: z after the last token
     flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
-    H,
-    s_t,
-    s_h,
     DK,
     DV,
     BK: tl.constexpr,
@@ -644,21 +636,15 @@ def state_starts_kernel(
     C: tl.constexpr,
     TP,
     PREC: tl.constexpr,
-    HAS_Z0: tl.constexpr,
     COND: tl.constexpr = False,
 ):
     """The sequential half of the state chain: per chunk only ``E_c`` and ``S_{c+1} = S_c +
-    E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`;
-    the first value block's programs also sum the keys chunk after chunk, storing the read-out
-    normaliser's ``z`` at each chunk's start and after the last token (spec §2.3,
-    ``z_t = z_{t-1} + k_t``)."""
+    E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`."""
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
     bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     pv = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     ot = tl.arange(0, C)
     ok = tl.arange(0, BK)
     ov = pv * BVB + tl.arange(0, BVB)
@@ -669,19 +655,10 @@ def state_starts_kernel(
         mask=vmask[:, None] & kmask[None, :],
         other=0.0,
     )  # [BVB, BK]
-    if HAS_Z0:
-        z = tl.load(z0_ptr + bh * DK + ok, mask=kmask, other=0.0)
-    else:
-        z = tl.zeros([BK], dtype=tl.float32)
     NC = tl.cdiv(T, C)
     for c in range(0, NC):
         tok = c * C + ot
         tl.store(s_chunks_ptr + ((bh * NC + c) * BV + ov[:, None]) * BK + ok[None, :], S)
-        if pv == 0:
-            tl.store(z_chunks_ptr + ((b * NC + c) * H + h) * DK + ok, z, mask=kmask)
-            kp = k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
-            z += tl.sum(tl.load(kp, mask=(tok < T)[:, None] & kmask[None, :], other=0.0)
-                        .to(tl.float32), axis=0)  # fmt: skip
         # The gates past T are not written by the penalty chain: masked to zero.
         mk = (tok < T)[:, None] & kmask[None, :]
         Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
@@ -695,8 +672,6 @@ def state_starts_kernel(
         S,
         mask=vmask[:, None] & kmask[None, :],
     )
-    if pv == 0:
-        tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)
 
 
 @triton.jit
