@@ -348,53 +348,6 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
     assert not short[:, -1].any()
 
 
-def test_bfloat16_penalties_reach_the_float64_kernels_exactly() -> None:
-    """The float64 penalty kernels read bfloat16 keys and penalties as int32 words
-    (``kernels.load_rows_float32``): every bfloat16 value (signed zeros, infinities,
-    subnormals and the extremes included) is widened exactly and lands in its column, masked
-    rows and columns read zero, and the blocks' matrices from bfloat16 penalties equal those
-    from their float32 copies bit for bit; the words' halves taken the wrong way round are
-    caught (the comparison can fail)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def widen(x_ptr, y_ptr, R: tl.constexpr, N: tl.constexpr, DK, SWAPPED: tl.constexpr):
-        r = tl.arange(0, R)
-        o = tl.arange(0, N)
-        if SWAPPED:
-            off = r[:, None] * N + o[None, :]
-            w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + off // 2)
-            y = tl.where((off % 2) == 0, w & -65536, w << 16).to(tl.float32, bitcast=True)
-        else:
-            y = tc.kernels.load_rows_float32(x_ptr, r * N, r < R - 1, 0, DK, N)
-        tl.store(y_ptr + r[:, None] * N + o[None, :], y.to(tl.float64))
-
-    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    values = every[~torch.isnan(every)]
-    x = torch.full((128, 1024), 3.0, dtype=torch.bfloat16)  # 3: where the mask must read 0
-    block = torch.zeros(66 * 1000, dtype=torch.bfloat16)
-    block[: values.numel()] = values
-    x[:66, :1000] = block.reshape(66, 1000)
-    ref = x.double()
-    ref[-1] = 0  # the masked row
-    ref[:, 1000:] = 0  # the masked columns
-    for swapped in (False, True):
-        y = torch.empty(128, 1024, dtype=torch.float64)
-        widen[(1,)](x, y, R=128, N=1024, DK=1000, SWAPPED=swapped)
-        same = torch.equal(y, ref) and torch.equal(torch.signbit(y), torch.signbit(ref))
-        assert same is not swapped
-
-    gen = torch.Generator().manual_seed(3)
-    u = torch.randn(1, 45, 2, 8, generator=gen).to(torch.bfloat16)
-    params = tc._params(VLAConfig(nudge_period=7), torch.device("cpu"))
-    got, want = (
-        tc.penalty_block_matrices(x, params, start=2, nudge_period=7, block=16)
-        for x in (u, u.float())
-    )
-    assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize(("dk", "NB"), [(40, 5), (5, 3)])
 def test_block_starts_kernel_equals_the_products(dk: int, NB: int) -> None:
     """The products-only block starts' kernel (``NB − 1`` dependent products in one launch, the

@@ -484,11 +484,10 @@ def penalty_block_matrices(
 ) -> torch.Tensor:  # fmt: skip
     """Each block's matrix on ``(Π; Θ)`` (:func:`penalty_block_starts`) by
     :func:`~.triton_chunked_kernels.penalty_block_matrix_kernel`: ``[BH, NB, 2dk, 2dk]``
-    float64 from ``u`` ``[B, T, H, dk]`` float32 or bfloat16 (contiguous), ``params`` the
-    configuration scalars (:func:`_params`), ``start`` the nudge clock modulo
-    ``nudge_period``.  Without ``last`` the last block's matrix is left zero: no block starts
-    after it, so the block starts never read it, and its tokens are ``1/NB`` of the kernel's
-    work."""
+    float64 from ``u`` ``[B, T, H, dk]`` float32 (contiguous), ``params`` the configuration
+    scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``.  Without
+    ``last`` the last block's matrix is left zero: no block starts after it, so the block
+    starts never read it, and its tokens are ``1/NB`` of the kernel's work."""
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
@@ -563,20 +562,6 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
     return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
 
 
-def _penalty_operand(x: torch.Tensor) -> torch.Tensor:
-    """Keys or penalties ``[B, T, H, dk]`` (contiguous) as the float64 penalty kernels read
-    them: float32, or bfloat16 read as the int32 words that hold it
-    (``kernels.load_rows_float32``: 4-byte aligned, an even length); anything else as a
-    float32 copy (``8·dk`` bytes per token).  Triton 3.6 fails to lower on sm_90 a float64
-    product whose operand comes from a 16-bit load (`PassManager::run failed` in
-    ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check)."""
-    if x.dtype == torch.float32:
-        return x
-    if x.dtype == torch.bfloat16 and x.data_ptr() % 4 == 0 and x.numel() % 2 == 0:
-        return x
-    return x.float()
-
-
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -637,7 +622,11 @@ def _forward(
     block = (penalty_block_length(T, CP, penalty_block, dk=dk, heads=BH, device=dev)
              if parallel else CP * math.ceil(T / CP))  # fmt: skip
     NB = math.ceil(T / block)
-    kp, up = (_penalty_operand(x) if pd == torch.float64 else x for x in (k, u))
+    # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
+    # kernel's 16-bit → float64 conversions on sm_90 (`PassManager::run failed` in
+    # ConvertTritonGPUToLLVM, an H200 run of benchmarks/gpu/chunk_h200.py --compile-check),
+    # while the same kernel on float32 inputs builds.  The copies cost 8·dk bytes per token.
+    kp, up = (x.float() if pd == torch.float64 else x for x in (k, u))
     matrices: dict[bool, torch.Tensor] = {}
 
     def starts(normalise: bool, planted: bool) -> torch.Tensor:
@@ -652,7 +641,7 @@ def _forward(
         if planted not in matrices:
             matrix_bug = bug if bug == kernels.BUG_MATRIX_NUDGE_FIRST else kernels.BUG_NONE
             matrices[planted] = penalty_block_matrices(
-                up if pd == torch.float64 else _penalty_operand(u), params, start=start_mod,
+                up if up.dtype == torch.float32 else u.float(), params, start=start_mod,
                 nudge_period=period, block=block,
                 bug=kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES if planted else matrix_bug,
                 last=False,

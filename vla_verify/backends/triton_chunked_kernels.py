@@ -86,28 +86,6 @@ BUG_SAVED_NORMALISER_BEFORE_KEY = 9
 
 
 @triton.jit
-def load_rows_float32(ptr, row_off, row_mask, col0, DK, NCOL: tl.constexpr):
-    """The ``[R, NCOL]`` float32 tile ``ptr[row_off[r] + col0 + c]``, zero where ``row_mask[r]``
-    is false or ``col0 + c >= DK``, from memory of any float type.  A bfloat16 element is
-    read as the int32 word that holds it (``ptr`` 4-byte aligned, the tensor's length even)
-    and widened through its bits: a bfloat16 is a float32's upper half, so the widening is
-    exact.  Why not a 16-bit load: the float64 penalty kernels make float64 dot operands of
-    these tiles, and Triton 3.6 moves the conversion to the dot operand's layout up to the
-    load, sizes it by the loaded type's width, and fails to lower a float64 product from a
-    16-bit load on sm_90 (``PassManager::run failed`` in ConvertTritonGPUToLLVM, "fp64 don't
-    support largeK MMA"); from a 32-bit load it builds, as from float32."""
-    oc = tl.arange(0, NCOL)
-    off = row_off[:, None] + col0 + oc[None, :]
-    mask = row_mask[:, None] & (col0 + oc[None, :] < DK)
-    if ptr.dtype.element_ty == tl.bfloat16:
-        w = tl.load(ptr.to(tl.pointer_type(tl.int32)) + off // 2, mask=mask, other=0)
-        # Little-endian: the element at an even offset is the word's lower half.
-        return tl.where((off % 2) == 1, w & -65536, w << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptr + off, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def unit_lower_inverse(N, rows, cols, C: tl.constexpr):
     """``(I + N)^{-1}`` of a strictly lower triangular ``[C, C]`` tile ``N`` by forward
     substitution, row by row: ``T_i = e_i − Σ_{m<i} N_{im} T_m``.  (The product series
@@ -221,6 +199,7 @@ def penalty_chain_kernel(
     ot = tl.arange(0, CP)
     ok = tl.arange(0, BK)
     okb = tl.arange(0, BKB)
+    kmask = ok < DK
     base = b * T * s_t + h * s_h
     xb = x_ptr + (bh * NB + blk) * BK * BK
     wb = w_ptr + (bh * NB + blk) * CP * BK
@@ -230,9 +209,10 @@ def penalty_chain_kernel(
     for c in range(c_first, c_last):
         tok = c * CP + ot
         tmask = tok < T
-        rows = base + tok * s_t
-        U = load_rows_float32(u_ptr, rows, tmask, 0, DK, BK)
-        K = load_rows_float32(k_ptr, rows, tmask, 0, DK, BK)
+        m2 = tmask[:, None] & kmask[None, :]
+        ptrs = base + tok[:, None] * s_t + ok[None, :]
+        U = tl.load(u_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
+        K = tl.load(k_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
         knorm = tl.sqrt_rn(tl.sum(K * K, axis=1))
         rk = 1.0 / tl.maximum(knorm, norm_eps)
         Kh = K * rk[:, None]
@@ -252,8 +232,10 @@ def penalty_chain_kernel(
         KA = tl.zeros([CP, BK], PD)
         for kb in tl.static_range(BK // BKB):
             cb = kb * BKB + okb
-            Ub = load_rows_float32(u_ptr, rows, tmask, kb * BKB, DK, BKB).to(PD)
-            Kb = (load_rows_float32(k_ptr, rows, tmask, kb * BKB, DK, BKB) * rk[:, None]).to(PD)
+            mb = tmask[:, None] & (cb[None, :] < DK)
+            pb = base + tok[:, None] * s_t + cb[None, :]
+            Ub = tl.load(u_ptr + pb, mask=mb, other=0.0).to(tl.float32).to(PD)
+            Kb = (tl.load(k_ptr + pb, mask=mb, other=0.0).to(tl.float32) * rk[:, None]).to(PD)
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
             Y += tl.dot(Ub, Xb, input_precision="ieee", out_dtype=PD)
             KA += tl.dot(Kb, Xb, input_precision="ieee", out_dtype=PD)
@@ -328,7 +310,7 @@ def penalty_chain_kernel(
 
 @triton.jit
 def penalty_block_matrix_kernel(
-    u_ptr,  # [B, T, H, dk] float32 or bfloat16: the penalty directions
+    u_ptr,  # [B, T, H, dk] float32: the penalty directions
     m_ptr,  # [BH, NB, 2·DK, 2·DK] float64 out: each block's matrix on the stacked (Π; Θ)
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
     T,
@@ -381,11 +363,12 @@ def penalty_block_matrix_kernel(
             tok = t + r * CH + ot
             tm = tok < e
             rows = base + tok * s_t
-            U32 = load_rows_float32(u_ptr, rows, tm, 0, DK, BK)
-            U = U32.to(tl.float64)
-            # Uᵀ transposed in float32: Triton 3.6 fails to lower a register transpose of a
+            U = tl.load(u_ptr + rows[:, None] + ok[None, :], mask=tm[:, None] & kmask[None, :],
+                        other=0.0).to(tl.float64)  # fmt: skip
+            # Uᵀ loaded transposed: Triton 3.6 fails to lower a register transpose of a
             # float64 tile into a dot operand on sm_90.
-            UT = tl.trans(U32).to(tl.float64)
+            UT = tl.load(u_ptr + rows[None, :] + ok[:, None], mask=tm[None, :] & kmask[:, None],
+                         other=0.0).to(tl.float64)  # fmt: skip
             UPi = tl.dot(U, Pi, input_precision="ieee", out_dtype=tl.float64)
             Th += tl.dot(UT, UPi, input_precision="ieee", out_dtype=tl.float64)
         if BUG != 5:
