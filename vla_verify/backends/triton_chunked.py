@@ -612,7 +612,7 @@ def _forward(
         S_in, A_in, z_in = initial_state
         A0 = A_in.reshape(BH, dk, dk).to(torch.float64)
         S0 = S_in.reshape(BH, dv, dk).to(f32).contiguous()
-        z0 = z_in.reshape(B, 1, H, dk).to(f32)
+        z0 = z_in.reshape(BH, dk).to(f32).contiguous()
         parallel = config.sm_floor <= 1.0 and _symmetric_positive_definite(A0)
     params = _params(config, dev)
     period = _NEVER if config.nudge_period is None else int(config.nudge_period)
@@ -704,6 +704,9 @@ def _forward(
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
     S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
     E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    # The read-out normaliser's z at each chunk's start, in the inputs' layout, and at the end.
+    z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
+    z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
     # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
     # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
     # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
@@ -725,10 +728,11 @@ def _forward(
             k, v, gates, Kt, Vt, params, fl, T, H, H * dk, dk, H * dv, dv,
             DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, BUG=bug, num_warps=warps, **cond,
         )  # fmt: skip
-        kernels.state_starts_kernel[(BH, BV // bvb)](
-            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, fl, T, dk, dv,
-            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, num_warps=warps, num_stages=stages,
-            **cond,
+        kernels.state_starts_kernel[(BH, BV // bvb + 1)](
+            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, k, gates if z0 is None else z0,
+            z_chunks, z_out, fl, T, H, H * dk, dk, dk, dv,
+            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, HAS_Z0=z0 is not None,
+            num_warps=warps, num_stages=stages, **cond,
         )  # fmt: skip
         kernels.state_output_kernel[(NCk, BH, BV // bvo)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
@@ -738,16 +742,6 @@ def _forward(
         )  # fmt: skip
 
     X = penalty_chain(A_starts)
-    # z at the chunk starts, a cumulative sum of the chunks' keys in the inputs' layout
-    # ``[B, NC, H, dk]`` (the tail chunk padded): independent of the penalty chain, formed
-    # while its kernel runs.
-    kc = k if T == NCk * C else torch.nn.functional.pad(k, (0, 0, 0, 0, 0, NCk * C - T))
-    sums = kc.view(B, NCk, C, H, dk).sum(2, dtype=f32)
-    z_chunks = sums.cumsum(1) - sums
-    z_out = sums.sum(1)
-    if z0 is not None:
-        z_chunks += z0
-        z_out = z_out + z0[:, 0]
     state_chain()
     A_end = X[:, NB - 1]
     if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:

@@ -36,7 +36,8 @@ The launches, in this order:
    ``Ṽ = T V``.
 3. :func:`state_starts_kernel` — the inter-chunk ``S`` recurrence, one program per (b, h,
    block of value rows), chunk after chunk: ``E_c = Ṽ_c − K̃_c S_cᵀ`` and
-   ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``.
+   ``S_{c+1} = S_c + E_cᵀ Â_c`` (two products a chunk), storing every ``S_c`` and ``E_c``;
+   one more program per head sums the keys, storing ``z`` at every chunk start.
 4. :func:`state_output_kernel` — every chunk's read-out at once:
    ``O_c = Q_c S_cᵀ + tril(Q_c Â_cᵀ) E_c`` and the read-out normaliser from
    ``z_t = z_c + Σ_{s ≤ t in the chunk} k_s`` (in training also ``α̂_tᵀq_t`` and ``z_tᵀq_t`` per
@@ -601,6 +602,31 @@ def state_prep_kernel(
 
 
 @triton.jit
+def _key_sums(k_ptr, z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, s_t, s_h, DK,
+              BK: tl.constexpr, C: tl.constexpr, HAS_Z0: tl.constexpr):  # fmt: skip
+    """The read-out normaliser's ``z`` (spec §2.3, ``z_t = z_{t-1} + k_t``) of head ``bh`` at
+    each chunk's start (``[B, NC, H, DK]``) and after the last token (``[BH, DK]``), summing
+    the keys chunk after chunk in float32."""
+    b = bh // H
+    h = bh % H
+    ot = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    kmask = ok < DK
+    if HAS_Z0:
+        z = tl.load(z0_ptr + bh * DK + ok, mask=kmask, other=0.0)
+    else:
+        z = tl.zeros([BK], dtype=tl.float32)
+    NC = tl.cdiv(T, C)
+    for c in range(0, NC):
+        tok = c * C + ot
+        tl.store(z_chunks_ptr + ((b * NC + c) * H + h) * DK + ok, z, mask=kmask)
+        kp = k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
+        keys = tl.load(kp, mask=(tok < T)[:, None] & kmask[None, :], other=0.0)
+        z += tl.sum(keys.to(tl.float32), axis=0)
+    tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)
+
+
+@triton.jit
 def state_starts_kernel(
     gate_ptr,  # [BH, TP, BK] float32
     kt_ptr,  # [BH, TP, BK] float32
@@ -609,8 +635,15 @@ def state_starts_kernel(
     s_chunks_ptr,  # [BH, NC, BV, BK] float32 out: S at each chunk's start
     e_ptr,  # [BH, TP, BV] float32 out: E_c = Ṽ_c − K̃_c S_cᵀ
     s_out_ptr,  # [BH, DV, DK] float32 out
+    k_ptr,  # [B, T, H, DK] the keys (any float type)
+    z0_ptr,  # [BH, DK] float32 (HAS_Z0): z before the first token
+    z_chunks_ptr,  # [B, NC, H, DK] float32 out: z at each chunk's start
+    z_out_ptr,  # [BH, DK] float32 out: z after the last token
     flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
+    H,
+    s_t,
+    s_h,
     DK,
     DV,
     BK: tl.constexpr,
@@ -619,15 +652,21 @@ def state_starts_kernel(
     C: tl.constexpr,
     TP,
     PREC: tl.constexpr,
+    HAS_Z0: tl.constexpr,
     COND: tl.constexpr = False,
 ):
     """The sequential half of the state chain: per chunk only ``E_c`` and ``S_{c+1} = S_c +
-    E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`."""
+    E_cᵀ Â_c`` (two products), storing ``S_c`` and ``E_c`` for :func:`state_output_kernel`.
+    Grid ``(BH, DV / BVB + 1)``: the last program of each head sums the keys instead
+    (:func:`_key_sums`), beside the value blocks' chains rather than inside one of them."""
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
     bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     pv = tl.program_id(1)
+    if pv == tl.num_programs(1) - 1:
+        _key_sums(k_ptr, z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, s_t, s_h, DK, BK, C, HAS_Z0)
+        return
     ot = tl.arange(0, C)
     ok = tl.arange(0, BK)
     ov = pv * BVB + tl.arange(0, BVB)
