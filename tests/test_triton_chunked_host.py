@@ -35,12 +35,12 @@ pytestmark = [
 #: the keys and penalties in float32 for the float64 chain (2), ten buffers (``z`` at the
 #: chunk starts and at the end among them, summed by the state chain's kernel), the penalty
 #: scratch (a copy of the start), the initial ``A`` (the cached identity divided by
-#: ``lambda0``), the last ``A`` in float32; four launches.  Four blocks add 13 and 7: the blocks' matrices (a buffer, the last one
-#: zeroed, a launch), the starts (a buffer, ``(A_0; I)`` in two copies, one launch for the
-#: three products, the solve, the symmetrisation), the block-end check (the flag zeroed, one
-#: launch, the fallback count), the second pass (its scratch, four launches that return at
-#: once on the device where the check passed) and the choice of the last ``A`` (the flag as a
-#: mask, a selection).
+#: ``lambda0``), the last ``A`` in float32; four launches.  Four blocks add 13 and 7: the
+#: blocks' matrices (a buffer, the last one zeroed, a launch), the starts (a buffer,
+#: ``(A_0; I)`` in two copies, one launch for the three products, the solve, the
+#: symmetrisation), the block-end check (the flag zeroed, one launch, the fallback count), the
+#: second pass (its scratch, four launches that return at once on the device where the check
+#: passed) and the choice of the last ``A`` (the flag as a mask, a selection).
 HOST_OPERATIONS = {"one_block": (15, 4), "four_blocks": (28, 11)}
 
 
