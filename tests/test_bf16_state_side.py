@@ -1,0 +1,57 @@
+"""The bf16 state-side prototype (``benchmarks/prototypes/bf16_state_side.py``): its chunked
+state side is the exact one in float64 (a known answer), its roundings are the formats they
+name, and the spec §4 comparison it reports can fail: a planted 3-bit rounding of the
+intermediates falls outside the bf16 budget where the kernel's current rounding and the bf16
+one stay inside."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vla_verify import VLAConfig  # noqa: E402
+from vla_verify.backends.numpy_oracle import recurrence  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "prototypes"))
+import bf16_state_side as proto  # noqa: E402
+
+PAPER = VLAConfig()
+
+
+def test_the_state_side_in_float64_is_the_recurrence() -> None:
+    """Known answer: from the oracle's gates, unrounded, in float64, across a chunk boundary."""
+    x = proto.inputs(100, 8, 6, "layer", 1)
+    ref = recurrence(*x, config=PAPER, return_states=True)
+    t = [torch.tensor(a) for a in x]
+    o, S = proto.state_side(*t[:3], torch.tensor(ref.history.gate), C=32, storage="float32",
+                            product="float32", config=PAPER)  # fmt: skip
+    assert np.abs(o.numpy() - ref.o).max() < 1e-12 * np.abs(ref.o).max()
+    assert np.abs(S.numpy() - ref.state[0]).max() < 1e-12 * np.abs(ref.state[0]).max()
+
+
+@pytest.mark.parametrize(("how", "bits"), [("tf32", 10), ("bf16", 7), ("e3", 3)])
+def test_roundings_keep_their_mantissa_bits(how: str, bits: int) -> None:
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e3
+    r = proto.round_to(x, how)
+    rel = ((r - x).abs() / x.abs()).max().item()
+    assert 2.0 ** -(bits + 2) < rel <= 2.0 ** -(bits + 1)  # round to nearest: half an ulp
+
+
+@pytest.mark.parametrize("penalties", ["layer", "gaussian"])
+def test_the_bf16_budget_separates_the_roundings(penalties: str) -> None:
+    r = proto.ratios(proto.inputs(130, 16, 16, penalties, 0), PAPER, 64, proto.SCHEMES)
+    assert max(r["current"].values()) <= 1
+    assert max(r["bf16"].values()) <= 1
+    assert max(r["planted_e3"].values()) > 1
+
+
+def test_no_budget_where_the_bf16_oracle_is_not_finite() -> None:
+    x = proto.inputs(256, 64, 64, "gaussian", 0)
+    x[3] = x[3] * 2  # ||u|| ≈ 8: the bf16 oracle's Sherman–Morrison chain breaks down
+    with pytest.raises(ValueError, match="sets no budget"):
+        proto.ratios(x, PAPER, 64, proto.SCHEMES)
