@@ -55,3 +55,39 @@ def test_no_budget_where_the_bf16_oracle_is_not_finite() -> None:
     x[3] = x[3] * 2  # ||u|| ≈ 8: the bf16 oracle's Sherman–Morrison chain breaks down
     with pytest.raises(ValueError, match="sets no budget"):
         proto.ratios(x, PAPER, 64, proto.SCHEMES)
+
+
+triton_chunked = pytest.importorskip("vla_verify.backends.triton_chunked")
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_chunked.interpreted(), reason="runs under TRITON_INTERPRET=1")
+def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``triton_chunked`` with its state side's intermediates in bf16 (``_state_dtype``
+    replaced, as the prototype's GPU timing does) stays within the spec §4 bf16 budget across a
+    chunk boundary; with the UT transform's planted slip it does not (the check can fail)."""
+    from vla_verify.error_model import compare
+
+    monkeypatch.setattr(
+        triton_chunked, "_state_dtype",
+        lambda d: torch.bfloat16 if d == torch.bfloat16 else torch.float32,
+    )  # fmt: skip
+    x = proto.inputs(130, 16, 16, "layer", 1)
+    t = [torch.tensor(a).to(torch.bfloat16) for a in x]
+    seen = [a.double().numpy() for a in t]
+    ref = recurrence(*seen, config=PAPER)
+    base = recurrence(*seen, config=PAPER, dtype="bfloat16")
+
+    def worst(bug: str | None) -> float:
+        o, (S, _, _) = triton_chunked.chunked_vla(*t, config=PAPER, chunk_size=64,
+                                                  planted_bug=bug)  # fmt: skip
+        got = {"o": (o, ref.o, base.o), "S": (S, ref.state[0], base.state[0])}
+        return max(
+            compare(key, g.double().numpy(), r, b, "bfloat16", terms=16 + 64).ratio
+            for key, (g, r, b) in got.items()
+        )
+
+    assert worst(None) <= 1
+    assert worst("ut_block_term") > 1

@@ -644,6 +644,8 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
     ``T = (I + tril(K̂ Âᵀ, −1))^{-1}`` per chunk, against a float64 triangular solve, across
     padded widths and a short last chunk; without the ``N_21 T_10`` term of ``T_20`` (chunks
     of 64) it does not."""
+    import triton.language as tl
+
     from vla_verify.backends import triton_chunked_kernels as kernels
 
     gen = torch.Generator().manual_seed(C)
@@ -662,7 +664,7 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
         Vt = torch.empty(H, TP, BV)
         kernels.state_prep_kernel[(TP // C, H)](
             k, v, gates, Kt, Vt, params, gates, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC="ieee", BUG=bug,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, OP=tl.float32, PREC="ieee", BUG=bug,
         )  # fmt: skip
         return Kt[:, :T, :dk].double(), Vt[:, :T, :dv].double()
 

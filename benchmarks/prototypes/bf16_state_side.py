@@ -15,6 +15,16 @@ bf16, every operation of which rounds to bf16; ``terms = dk + C``).
 Roundings: ``float32`` (none), ``tf32`` (10 mantissa bits, round to nearest even), ``bf16``
 (7), and ``e3`` (3), a planted coarse rounding that the comparison must reject.
 
+``triton_chunked`` takes the dtype of those intermediates from one function,
+``_state_dtype`` (float32 for every input dtype); its state kernels multiply in that dtype.
+``python benchmarks/prototypes/bf16_state_side.py --gpu OUT`` replaces the function by one
+that keeps bf16 inputs' intermediates in bf16 and, on a GPU, first validates the kernel so
+(:func:`vla_verify.validate`, bf16, the paper preset, keys 64 and 128 wide, the checker's
+default reach), then times the forward and forward + backward with and without it, side by
+side (B = 1, H = 16, bf16, paper preset; ``triton.testing.do_bench`` medians, the two
+alternated twice, the lower kept) with the state kernels' device time (torch.profiler, mean of
+five calls), writing ``OUT/bf16_state_side_gpu.json`` (:func:`gpu`).
+
 ``python benchmarks/prototypes/bf16_state_side.py OUT`` runs the kernel's current rounding
 (float32 storage, tf32 products), the bf16 one and the planted one on layer-like, concentrated
 and strong Gaussian penalties (B = 1, H = 2, dk = dv = 64, T = 1024, C = 64, paper preset,
@@ -187,5 +197,84 @@ def main(out: Path) -> None:
     print(json.dumps(res["worst"]))
 
 
+def bf16_state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``triton_chunked._state_dtype`` for the 16-bit variant: bf16 inputs keep bf16
+    intermediates, other inputs float32."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+STATE_KERNELS = ("state_prep_kernel", "state_starts_kernel", "state_output_kernel")
+
+
+def gpu(out: Path, sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384), (128, 16384))
+        ) -> None:  # fmt: skip
+    """On a GPU: validate the kernel with bf16 intermediates, then time it beside the default."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vla_verify import backends, validate
+    from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import _grad_op, _inputs, machine_info, time_ms
+
+    default = tc._state_dtype
+    variants = {"float32": default, "bf16": bf16_state_dtype}
+    res: dict[str, Any] = {"machine": machine_info(), "validate": {}, "rows": []}
+    config = VLAConfig()
+    try:
+        tc._state_dtype = bf16_state_dtype
+        for dk in (64, 128):
+            t0 = time.perf_counter()
+            rep = validate(backends.get("triton_chunked"), config=config, array="torch",
+                           dtype="bfloat16", device="cuda", max_examples=2, seed=dk,
+                           max_dk=dk)  # fmt: skip
+            res["validate"][f"bfloat16_paper_dk{dk}"] = {
+                "passed": rep.passed, "examples": rep.examples, "worst_ratio": rep.worst_ratio,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "summary": "" if rep.passed else rep.summary(),
+            }  # fmt: skip
+            print(dk, res["validate"][f"bfloat16_paper_dk{dk}"], flush=True)
+        for D, T in sizes:
+            x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
+            args = [x[n] for n in "qkvu"]
+            leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
+
+            def fwd(args: list[Any] = args) -> Any:
+                return tc.chunked_vla(*args, config=config)[0]
+
+            fns = {"fwd": fwd, "fwdbwd": _grad_op(lambda *a: fwd(list(a)), leaves, x["do"])}
+            row: dict[str, Any] = {"D": D, "T": T}
+            outs = {}
+            for name, fn_dtype in variants.items():
+                tc._state_dtype = fn_dtype
+                outs[name] = fwd().float()
+            ref = outs["float32"]
+            row["o_relative_difference"] = float((outs["bf16"] - ref).abs().max()
+                                                 / ref.abs().max())  # fmt: skip
+            for mode, fn in fns.items():
+                for name in (*variants, *variants):
+                    tc._state_dtype = variants[name]
+                    ms = time_ms(fn)
+                    row[f"{mode}_{name}_ms"] = min(row.get(f"{mode}_{name}_ms", ms), ms)
+            for name, fn_dtype in variants.items():
+                tc._state_dtype = fn_dtype
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        fwd()
+                    torch.cuda.synchronize()
+                row[f"{name}_state_kernels_ms"] = {
+                    e.key: e.device_time_total / 5 / 1000 for e in prof.key_averages()
+                    if e.key in STATE_KERNELS
+                }  # fmt: skip
+            res["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        tc._state_dtype = default
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bf16_state_side_gpu.json").write_text(json.dumps(res, indent=1))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[1:2] == ["--gpu"]:
+        gpu(Path(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1]))

@@ -562,6 +562,16 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
     return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
 
 
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the state side's stored intermediates (the gates, ``K̃``, ``Ṽ``, ``E``, the
+    chunk-start ``S``) and of its products' operands, for inputs of ``dtype``: float32, with
+    tf32 products for 16-bit inputs (design doc, "What runs").  16-bit intermediates are within
+    the spec §4 budget on the CPU (``benchmarks/prototypes/bf16_state_side.py``), which times
+    them on a GPU by replacing this function; their speed decides."""
+    del dtype
+    return torch.float32
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -657,7 +667,9 @@ def _forward(
     scan = pd == torch.float64
     scan_bug = bug in (kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES, kernels.BUG_UNCHECKED_BLOCK_STARTS)
     A_starts = starts(normalise=not scan, planted=scan_bug)
-    gates = torch.empty(BH, TP, BK, dtype=f32, device=dev)
+    # The state side's stored intermediates (gates, K̃, Ṽ, E, the chunk-start S).
+    sd = _state_dtype(q.dtype)
+    gates = torch.empty(BH, TP, BK, dtype=sd, device=dev)
     W = torch.empty(BH, NB, CP, BK, dtype=pd, device=dev)
     bkb = min(BK, 32)
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
@@ -698,12 +710,12 @@ def _forward(
 
     # The state chain's buffers: written by the first pass, written over by the fallback's.
     NCk = math.ceil(T / C)
-    Kt = torch.empty(BH, TP, BK, dtype=f32, device=dev)
-    Vt = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    Kt = torch.empty(BH, TP, BK, dtype=sd, device=dev)
+    Vt = torch.empty(BH, TP, BV, dtype=sd, device=dev)
     o = torch.empty(B, T, H, dv, dtype=q.dtype, device=dev)
     S_out = torch.empty(BH, dv, dk, dtype=f32, device=dev)
-    S_chunks = torch.empty(BH, NCk, BV, BK, dtype=f32, device=dev)
-    E_buf = torch.empty(BH, TP, BV, dtype=f32, device=dev)
+    S_chunks = torch.empty(BH, NCk, BV, BK, dtype=sd, device=dev)
+    E_buf = torch.empty(BH, TP, BV, dtype=sd, device=dev)
     # The read-out normaliser's z at each chunk's start, in the inputs' layout, and at the end.
     z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
     z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
@@ -722,21 +734,21 @@ def _forward(
     def state_chain(flag: torch.Tensor | None = None) -> None:
         # The state chain from the gates: the UT transform, the sequential S recurrence (two
         # products a chunk), then every chunk's read-out at once.  With a flag, only where set.
-        cond = {"COND": flag is not None}
+        cond = {"COND": flag is not None, "OP": _tl_dtype(sd), "PREC": prec}
         fl = gates if flag is None else flag
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, params, fl, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, PREC=prec, BUG=bug, num_warps=warps, **cond,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=warps, **cond,
         )  # fmt: skip
         kernels.state_starts_kernel[(BH, BV // bvb + 1)](
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, k, gates if z0 is None else z0,
             z_chunks, z_out, fl, T, H, H * dk, dk, dk, dv,
-            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, PREC=prec, HAS_Z0=z0 is not None,
+            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, HAS_Z0=z0 is not None,
             num_warps=warps, num_stages=stages, **cond,
         )  # fmt: skip
         kernels.state_output_kernel[(NCk, BH, BV // bvo)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
-            H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvo, C=C, TP=TP, PREC=prec,
+            H * dv, dv, DK=dk, DV=dv, BK=BK, BV=BV, BVB=bvo, C=C, TP=TP,
             NORMALIZE_OUTPUT=config.normalize_output, SAVE_CHAIN=save_checkpoints, BUG=bug,
             num_warps=warps, **cond,
         )  # fmt: skip
@@ -770,11 +782,11 @@ def _forward(
     cka[:, 0] = A0.mT
     cka[:, nck] = A_end[:, :dk, :dk]
     every = _CHECKPOINT_EVERY // C
-    cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).contiguous()
+    cks = S_chunks[:, ::every, :dv, :dk].mT.reshape(B, H, nck, dk, dv).float().contiguous()
     ckz = torch.cat([z_chunks[:, ::every], z_out[:, None]], dim=1).transpose(1, 2).contiguous()
     ck = (cks, cka.view(B, H, nck + 1, dk, dk), ckz)
     # α̂ from the gate buffer: a view where its rows are the backward's (T = TP, BK = BKS).
-    ah_s = gates[:, :T, :BKS].contiguous()
+    ah_s = gates[:, :T, :BKS].float().contiguous()
     return o, state, (ck, (kh_s, ah_s, sc_s, sv_s, cs_s))
 
 

@@ -60,8 +60,14 @@ Products of the state chain take float32 operands with ``PREC`` (``"ieee"`` or `
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+#: Whether the kernels run under Triton's CPU interpreter (``TRITON_INTERPRET=1`` when this
+#: module is imported), which cannot multiply 16-bit float operands (:func:`_mm`).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 #: Planted bugs for the meta-tests (constexpr ``BUG``).
 BUG_NONE = 0
@@ -467,6 +473,23 @@ def block_end_check_kernel(
 
 
 @triton.jit
+def _mm(a, b, OP: tl.constexpr, PREC: tl.constexpr):
+    """A state-side product with float32 accumulation: operands in ``OP``, float32 ones in
+    ``PREC`` (``tf32`` or ``ieee``); ``OP`` is the dtype of the stored intermediates (the
+    gates, ``K̃``, ``Ṽ``, ``E``, the chunk-start ``S``)."""
+    if OP == tl.float32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    elif INTERPRETED:
+        # Triton's interpreter multiplies 16-bit float operands as their bits: the same
+        # products in float32 instead (exact there; only the order of the sums differs).
+        a16 = a.to(OP).to(tl.float32)
+        b16 = b.to(OP).to(tl.float32)
+        return tl.dot(a16, b16, input_precision="ieee")
+    else:
+        return tl.dot(a.to(OP), b.to(OP))
+
+
+@triton.jit
 def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, norm_eps, row0,
              TP, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """``K̂``, ``Â``, ``V`` of the 16 tokens from ``row0`` (zero past ``T``), float32."""
@@ -487,17 +510,17 @@ def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, 
 
 
 @triton.jit
-def _ut_diagonal(Kh, Ag, PREC: tl.constexpr):
+def _ut_diagonal(Kh, Ag, OP: tl.constexpr, PREC: tl.constexpr):
     """``(I + N_ii)^{-1}`` of one 16 × 16 diagonal block, ``N_ii = tril(K̂_i Â_iᵀ, −1)``."""
     o = tl.arange(0, 16)
-    N = tl.dot(Kh, tl.trans(Ag), input_precision=PREC)
+    N = _mm(Kh, tl.trans(Ag), OP, PREC)
     return unit_lower_inverse(tl.where(o[:, None] > o[None, :], N, 0.0), o, o, 16)
 
 
 @triton.jit
-def _ut_below(Kh_i, Ag_j, PREC: tl.constexpr):
+def _ut_below(Kh_i, Ag_j, OP: tl.constexpr, PREC: tl.constexpr):
     """``N_ij = K̂_i Â_jᵀ`` of a block below the diagonal (``i > j``)."""
-    return tl.dot(Kh_i, tl.trans(Ag_j), input_precision=PREC)
+    return _mm(Kh_i, tl.trans(Ag_j), OP, PREC)
 
 
 @triton.jit
@@ -538,6 +561,7 @@ def state_prep_kernel(
     BV: tl.constexpr,
     C: tl.constexpr,  # 16, 32 or 64
     TP,  # the padded length: a runtime value, so a new T compiles nothing
+    OP: tl.constexpr,  # the state side's product operands: float32 (PREC products) or bf16
     PREC: tl.constexpr,
     BUG: tl.constexpr = 0,
     COND: tl.constexpr = False,
@@ -557,47 +581,47 @@ def state_prep_kernel(
     r0 = c * C
     K0, A0, V0 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV,
                           norm_eps, r0, TP, BK, BV)  # fmt: skip
-    T00 = _ut_diagonal(K0, A0, PREC)
-    _ut_store(kt_ptr, vt_ptr, tl.dot(T00, K0, input_precision=PREC),
-              tl.dot(T00, V0, input_precision=PREC), bh, r0, TP, BK, BV)  # fmt: skip
+    T00 = _ut_diagonal(K0, A0, OP, PREC)
+    _ut_store(kt_ptr, vt_ptr, _mm(T00, K0, OP, PREC),
+              _mm(T00, V0, OP, PREC), bh, r0, TP, BK, BV)  # fmt: skip
     if C >= 32:
         K1, A1, V1 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV,
                               norm_eps, r0 + 16, TP, BK, BV)  # fmt: skip
-        T11 = _ut_diagonal(K1, A1, PREC)
-        T10 = -_ut_mm(T11, _ut_mm(_ut_below(K1, A0, PREC), T00))
-        Kt1 = tl.dot(T10, K0, input_precision=PREC) + tl.dot(T11, K1, input_precision=PREC)
-        Vt1 = tl.dot(T10, V0, input_precision=PREC) + tl.dot(T11, V1, input_precision=PREC)
+        T11 = _ut_diagonal(K1, A1, OP, PREC)
+        T10 = -_ut_mm(T11, _ut_mm(_ut_below(K1, A0, OP, PREC), T00))
+        Kt1 = _mm(T10, K0, OP, PREC) + _mm(T11, K1, OP, PREC)
+        Vt1 = _mm(T10, V0, OP, PREC) + _mm(T11, V1, OP, PREC)
         _ut_store(kt_ptr, vt_ptr, Kt1, Vt1, bh, r0 + 16, TP, BK, BV)
         if C == 64:
             K2, A2, V2 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK,
                                   DV, norm_eps, r0 + 32, TP, BK, BV)  # fmt: skip
-            T22 = _ut_diagonal(K2, A2, PREC)
-            N21 = _ut_below(K2, A1, PREC)
+            T22 = _ut_diagonal(K2, A2, OP, PREC)
+            N21 = _ut_below(K2, A1, OP, PREC)
             T21 = -_ut_mm(T22, _ut_mm(N21, T11))
-            S20 = _ut_mm(_ut_below(K2, A0, PREC), T00)
+            S20 = _ut_mm(_ut_below(K2, A0, OP, PREC), T00)
             if BUG != 6:
                 S20 += _ut_mm(N21, T10)
             T20 = -_ut_mm(T22, S20)
-            Kt2 = (tl.dot(T20, K0, input_precision=PREC) + tl.dot(T21, K1, input_precision=PREC)
-                   + tl.dot(T22, K2, input_precision=PREC))  # fmt: skip
-            Vt2 = (tl.dot(T20, V0, input_precision=PREC) + tl.dot(T21, V1, input_precision=PREC)
-                   + tl.dot(T22, V2, input_precision=PREC))  # fmt: skip
+            Kt2 = (_mm(T20, K0, OP, PREC) + _mm(T21, K1, OP, PREC)
+                   + _mm(T22, K2, OP, PREC))  # fmt: skip
+            Vt2 = (_mm(T20, V0, OP, PREC) + _mm(T21, V1, OP, PREC)
+                   + _mm(T22, V2, OP, PREC))  # fmt: skip
             _ut_store(kt_ptr, vt_ptr, Kt2, Vt2, bh, r0 + 32, TP, BK, BV)
             K3, A3, V3 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK,
                                   DV, norm_eps, r0 + 48, TP, BK, BV)  # fmt: skip
-            T33 = _ut_diagonal(K3, A3, PREC)
-            N31 = _ut_below(K3, A1, PREC)
-            N32 = _ut_below(K3, A2, PREC)
+            T33 = _ut_diagonal(K3, A3, OP, PREC)
+            N31 = _ut_below(K3, A1, OP, PREC)
+            N32 = _ut_below(K3, A2, OP, PREC)
             T32 = -_ut_mm(T33, _ut_mm(N32, T22))
             T31 = -_ut_mm(T33, _ut_mm(N31, T11) + _ut_mm(N32, T21))
-            T30 = -_ut_mm(T33, _ut_mm(_ut_below(K3, A0, PREC), T00) + _ut_mm(N31, T10)
+            T30 = -_ut_mm(T33, _ut_mm(_ut_below(K3, A0, OP, PREC), T00) + _ut_mm(N31, T10)
                           + _ut_mm(N32, T20))  # fmt: skip
-            Kt3 = (tl.dot(T30, K0, input_precision=PREC) + tl.dot(T31, K1, input_precision=PREC)
-                   + tl.dot(T32, K2, input_precision=PREC)
-                   + tl.dot(T33, K3, input_precision=PREC))  # fmt: skip
-            Vt3 = (tl.dot(T30, V0, input_precision=PREC) + tl.dot(T31, V1, input_precision=PREC)
-                   + tl.dot(T32, V2, input_precision=PREC)
-                   + tl.dot(T33, V3, input_precision=PREC))  # fmt: skip
+            Kt3 = (_mm(T30, K0, OP, PREC) + _mm(T31, K1, OP, PREC)
+                   + _mm(T32, K2, OP, PREC)
+                   + _mm(T33, K3, OP, PREC))  # fmt: skip
+            Vt3 = (_mm(T30, V0, OP, PREC) + _mm(T31, V1, OP, PREC)
+                   + _mm(T32, V2, OP, PREC)
+                   + _mm(T33, V3, OP, PREC))  # fmt: skip
             _ut_store(kt_ptr, vt_ptr, Kt3, Vt3, bh, r0 + 48, TP, BK, BV)
 
 
@@ -651,6 +675,7 @@ def state_starts_kernel(
     BVB: tl.constexpr,
     C: tl.constexpr,
     TP,
+    OP: tl.constexpr,  # the state side's product operands: float32 (PREC products) or bf16
     PREC: tl.constexpr,
     HAS_Z0: tl.constexpr,
     COND: tl.constexpr = False,
@@ -686,9 +711,9 @@ def state_starts_kernel(
         Ag = tl.load(gate_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :], mask=mk, other=0.0)
         Kt = tl.load(kt_ptr + bh * TP * BK + tok[:, None] * BK + ok[None, :])
         Vt = tl.load(vt_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :])
-        E = Vt - tl.dot(Kt, tl.trans(S), input_precision=PREC)
+        E = Vt - _mm(Kt, tl.trans(S), OP, PREC)
         tl.store(e_ptr + bh * TP * BV + tok[:, None] * BV + ov[None, :], E)
-        S = S + tl.dot(tl.trans(E), Ag, input_precision=PREC)
+        S = S + _mm(tl.trans(E), Ag, OP, PREC)
     tl.store(
         s_out_ptr + bh * DV * DK + ov[:, None] * DK + ok[None, :],
         S,
@@ -721,6 +746,7 @@ def state_output_kernel(
     BVB: tl.constexpr,
     C: tl.constexpr,
     TP,
+    OP: tl.constexpr,  # the state side's product operands: float32 (PREC products) or bf16
     PREC: tl.constexpr,
     NORMALIZE_OUTPUT: tl.constexpr,
     SAVE_CHAIN: tl.constexpr,
@@ -759,9 +785,9 @@ def state_output_kernel(
         causal = ot[:, None] > ot[None, :]
     else:
         causal = ot[:, None] >= ot[None, :]
-    P = tl.where(causal, tl.dot(Q, tl.trans(Ag), input_precision=PREC), 0.0)
-    O = tl.dot(Q, tl.trans(S), input_precision=PREC)
-    O += tl.dot(P, E, input_precision=PREC)
+    P = tl.where(causal, _mm(Q, tl.trans(Ag), OP, PREC), 0.0)
+    O = _mm(Q, tl.trans(S), OP, PREC)
+    O += _mm(P, E, OP, PREC)
     if NORMALIZE_OUTPUT or SAVE_CHAIN:
         Kr = tl.load(k_ptr + io, mask=mk, other=0.0).to(tl.float32)
         z = tl.load(z_chunks_ptr + ((b * NC + c) * H + h) * DK + ok, mask=kmask, other=0.0)
