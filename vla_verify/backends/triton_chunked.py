@@ -719,10 +719,9 @@ def _forward(
     # The read-out normaliser's z at each chunk's start, in the inputs' layout, and at the end.
     z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
     z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
-    # The state chain's operands are float32 intermediates (gates, K̃, Ṽ, S): rounding them to
-    # bf16/fp16 for 16-bit products would add a 16-bit rounding per product on top of the
-    # inputs' own.  16-bit inputs take tf32 products: the bf16/fp16 budget of spec §4 is set by
-    # the low-precision oracle, far above tf32's rounding.
+    # Float32 operands of the state side's products (the intermediates' dtype, _state_dtype):
+    # tf32 for 16-bit inputs, whose spec §4 budget is set by the low-precision oracle, far
+    # above tf32's rounding; the caller's input_precision for float32 inputs.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
