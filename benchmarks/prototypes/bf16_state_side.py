@@ -219,6 +219,8 @@ def gpu(out: Path, sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384)
     variants = {"float32": default, "bf16": bf16_state_dtype}
     res: dict[str, Any] = {"machine": machine_info(), "validate": {}, "rows": []}
     config = VLAConfig()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bf16_state_side_gpu.json"
     try:
         tc._state_dtype = bf16_state_dtype
         for dk in (64, 128):
@@ -232,6 +234,7 @@ def gpu(out: Path, sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384)
                 "summary": "" if rep.passed else rep.summary(),
             }  # fmt: skip
             print(dk, res["validate"][f"bfloat16_paper_dk{dk}"], flush=True)
+            path.write_text(json.dumps(res, indent=1))  # what ran survives a cut run
         for D, T in sizes:
             x = _inputs(1, T, 16, D, torch.bfloat16, "cuda")
             args = [x[n] for n in "qkvu"]
@@ -267,10 +270,9 @@ def gpu(out: Path, sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384)
                 }  # fmt: skip
             res["rows"].append(row)
             print(json.dumps(row), flush=True)
+            path.write_text(json.dumps(res, indent=1))
     finally:
         tc._state_dtype = default
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bf16_state_side_gpu.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
