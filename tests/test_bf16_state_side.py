@@ -62,18 +62,13 @@ triton_chunked = pytest.importorskip("vla_verify.backends.triton_chunked")
 
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_chunked.interpreted(), reason="runs under TRITON_INTERPRET=1")
-def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``triton_chunked`` with its state side's intermediates in bf16 (``_state_dtype``
-    replaced, as the prototype's GPU timing does) stays within the spec §4 bf16 budget across a
-    chunk boundary; with the UT transform's planted slip it does not (the check can fail)."""
+def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget() -> None:
+    """``triton_chunked``'s inference forward on bf16 inputs, its state side's intermediates in
+    bf16 (``_state_dtype``), stays within the spec §4 bf16 budget across a chunk boundary; with
+    the UT transform's planted slip it does not (the check can fail)."""
     from vla_verify.error_model import compare
 
-    monkeypatch.setattr(
-        triton_chunked, "_state_dtype",
-        lambda d: torch.bfloat16 if d == torch.bfloat16 else torch.float32,
-    )  # fmt: skip
+    assert triton_chunked._state_dtype(torch.bfloat16, False) == torch.bfloat16
     x = proto.inputs(130, 16, 16, "layer", 1)
     t = [torch.tensor(a).to(torch.bfloat16) for a in x]
     seen = [a.double().numpy() for a in t]
@@ -91,3 +86,12 @@ def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget(
 
     assert worst(None) <= 1
     assert worst("ut_block_term") > 1
+
+
+def test_only_the_bf16_inference_forward_keeps_bf16_intermediates() -> None:
+    """The training forward's intermediates are the backward's checkpoints: float32."""
+    pick = triton_chunked._state_dtype
+    assert pick(torch.bfloat16, False) == torch.bfloat16
+    assert pick(torch.bfloat16, True) == torch.float32
+    assert pick(torch.float16, False) == torch.float32
+    assert pick(torch.float32, False) == torch.float32

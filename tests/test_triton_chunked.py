@@ -711,12 +711,14 @@ def test_ut_block_term_bug_is_rejected() -> None:
 
 def test_penalty_block_length_follows_the_measured_rows() -> None:
     """The default block off a GPU: one block up to the key width's row (1024 tokens up to 64
-    wide, 2048 up to 128), else at least its row (256 / 512 tokens), at most 16 blocks, a
-    multiple of the penalty chunk; an explicit block is kept."""
+    wide, 2048 up to 128), else at least its row (256 / 512 tokens), at most 16 blocks (32 of
+    2-warp programs: a 64-wide key tile from 16384 tokens), a multiple of the penalty chunk; an
+    explicit block is kept."""
     assert tc.penalty_block_length(16384, 16, dk=8) == 1024
-    assert tc.penalty_block_length(16384, 16, dk=64) == 1024
+    assert tc.penalty_block_length(16384, 16, dk=64) == 512
+    assert tc.penalty_block_length(8192, 16, dk=64) == 512
     assert tc.penalty_block_length(16384, 16, dk=65) == 1024
-    assert tc.penalty_block_length(65536, 16, dk=64) == 4096
+    assert tc.penalty_block_length(65536, 16, dk=64) == 2048
     assert tc.penalty_block_length(65536, 16, dk=128) == 4096
     assert tc.penalty_block_length(4096, 16, dk=128) == 512
     assert tc.penalty_block_length(4096, 16, dk=64) == 256
@@ -724,13 +726,14 @@ def test_penalty_block_length_follows_the_measured_rows() -> None:
     assert tc.penalty_block_length(2048, 16, dk=128) == 2048
     assert tc.penalty_block_length(1000, 48, dk=64) == 1008  # one block, 21 chunks
     assert tc.penalty_block_length(16384, 16, 256, dk=128) == 256
-    assert tc.penalty_block_length(16384, 16, dk=64, heads=16, device="cpu") == 1024
+    assert tc.penalty_block_length(16384, 16, dk=64, heads=16, device="cpu") == 512
 
 
 def test_penalty_blocks_fill_one_wave_of_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CUDA device the blocks are at most the penalty programs that run at once shared
-    among the heads: on 132 SMs of 65536 registers, 264 programs of 4 warps (D = 64) and 132 of
-    8 (D = 128), so at B·H = 16 16 and 8 blocks; past one wave of heads, one block."""
+    among the heads: on 132 SMs of 65536 registers, 264 programs of 4 warps (D = 64), 528 of 2
+    (D = 64 from 16384 tokens) and 132 of 8 (D = 128), so at B·H = 16 16, 32 and 8 blocks;
+    past one wave of heads, one block."""
     from types import SimpleNamespace
 
     props = SimpleNamespace(multi_processor_count=132, regs_per_multiprocessor=65536)
@@ -738,6 +741,7 @@ def test_penalty_blocks_fill_one_wave_of_programs(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tc, "_PROGRAMS_AT_ONCE", {})
     assert tc._penalty_programs_at_once("cuda:0", 4) == 264
     assert tc._penalty_programs_at_once("cuda:0", 8) == 132
+    assert tc._penalty_programs_at_once("cuda:0", 2) == 528
 
     def block(T: int, dk: int, heads: int) -> int:
         return tc.penalty_block_length(T, 16, dk=dk, heads=heads, device="cuda:0")
@@ -745,9 +749,12 @@ def test_penalty_blocks_fill_one_wave_of_programs(monkeypatch: pytest.MonkeyPatc
     assert [block(T, 128, 16) for T in (2048, 4096, 8192, 16384, 65536)] == [
         2048, 512, 1024, 2048, 8192,
     ]  # fmt: skip
-    assert [block(T, 64, 16) for T in (1024, 4096, 16384, 65536)] == [1024, 256, 1024, 4096]
+    assert [block(T, 64, 16) for T in (1024, 4096, 8192, 16384, 65536)] == [
+        1024, 256, 512, 512, 2048,
+    ]  # fmt: skip
     assert block(16384, 128, 132) == 16384
-    assert block(16384, 64, 64) == 4096  # 264 // 64 = 4 blocks
+    assert block(8192, 64, 64) == 2048  # 264 // 64 = 4 blocks of 4 warps
+    assert block(16384, 64, 64) == 2048  # 528 // 64 = 8 blocks of 2 warps
     # More warps per program, fewer at once: 16 warps at D = 64 fit one to an SM.
     monkeypatch.setattr(tc, "PENALTY_CHAIN_WARPS", {64: 16})
     assert block(16384, 64, 16) == 2048
@@ -838,3 +845,12 @@ def test_penalty_chain_warps_reach_the_launch(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(tc, "PENALTY_CHAIN_WARPS", {64: 2})
     tc.chunked_vla(*x, chunk_size=16)
     assert warps == [4, 2, 4]
+
+
+def test_the_penalty_kernel_halves_its_warps_on_long_sequences() -> None:
+    """2 warps at a 64-wide key tile from ``HALF_PENALTY_WARPS_FROM`` tokens, else 4 up to 64
+    and 8 above; ``PENALTY_CHAIN_WARPS`` overrides."""
+    assert [tc._penalty_chain_warps(64, T) for T in (4096, 16383, 16384, 65536)] == [4, 4, 2, 2]
+    assert tc._penalty_chain_warps(33, 65536) == 2
+    assert tc._penalty_chain_warps(32, 65536) == 4
+    assert tc._penalty_chain_warps(128, 65536) == 8

@@ -16,11 +16,12 @@ Roundings: ``float32`` (none), ``tf32`` (10 mantissa bits, round to nearest even
 (7), and ``e3`` (3), a planted coarse rounding that the comparison must reject.
 
 ``triton_chunked`` takes the dtype of those intermediates from one function,
-``_state_dtype`` (float32 for every input dtype); its state kernels multiply in that dtype.
-``python benchmarks/prototypes/bf16_state_side.py --gpu OUT`` replaces the function by one
-that keeps bf16 inputs' intermediates in bf16 and, on a GPU, first validates the kernel so
-(:func:`vla_verify.validate`, bf16, the paper preset, keys 64 and 128 wide, the checker's
-default reach), then times the forward and forward + backward with and without it, side by
+``_state_dtype``; its state kernels multiply in that dtype.  Measured so, it keeps bf16 inputs'
+intermediates in bf16 in inference.  ``python benchmarks/prototypes/bf16_state_side.py --gpu
+OUT`` runs the kernel with bf16 intermediates in training too and, on a GPU, first validates it
+so (:func:`vla_verify.validate`, bf16, the paper preset, keys 64 and 128 wide, the checker's
+default reach), then times the forward and forward + backward with them and with float32
+intermediates throughout (:func:`float32_state_dtype`), side by
 side (B = 1, H = 16, bf16, paper preset; ``triton.testing.do_bench`` medians, the two
 alternated twice, the lower kept) with the state kernels' device time (torch.profiler, mean of
 five calls), writing ``OUT/bf16_state_side_gpu.json`` (:func:`gpu`).
@@ -197,10 +198,17 @@ def main(out: Path) -> None:
     print(json.dumps(res["worst"]))
 
 
-def bf16_state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """``triton_chunked._state_dtype`` for the 16-bit variant: bf16 inputs keep bf16
-    intermediates, other inputs float32."""
+def bf16_state_dtype(dtype: torch.dtype, training: bool = False) -> torch.dtype:
+    """``triton_chunked._state_dtype`` with bf16 intermediates for bf16 inputs, in training
+    too; other inputs float32."""
+    del training
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def float32_state_dtype(dtype: torch.dtype, training: bool = False) -> torch.dtype:
+    """``triton_chunked._state_dtype`` with float32 intermediates for every input."""
+    del dtype, training
+    return torch.float32
 
 
 STATE_KERNELS = ("state_prep_kernel", "state_starts_kernel", "state_output_kernel")
@@ -216,7 +224,7 @@ def gpu(out: Path, sizes: tuple[tuple[int, int], ...] = ((64, 4096), (64, 16384)
     from vla_verify.bench import _grad_op, _inputs, machine_info, time_ms
 
     default = tc._state_dtype
-    variants = {"float32": default, "bf16": bf16_state_dtype}
+    variants = {"float32": float32_state_dtype, "bf16": bf16_state_dtype}
     res: dict[str, Any] = {"machine": machine_info(), "validate": {}, "rows": []}
     config = VLAConfig()
     out.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ __all__ = [
     "CHUNK_SIZES",
     "DEFAULT_PENALTY_BLOCK",
     "DEFAULT_PENALTY_CHUNK",
+    "HALF_PENALTY_WARPS_FROM",
     "INPUT_PRECISIONS",
     "MAX_HEAD_DIM",
     "MAX_PENALTY_BLOCKS",
@@ -161,10 +162,24 @@ DEFAULT_PENALTY_BLOCK: dict[int, int] = {64: 256, 128: 512}
 #: takes 1.44 ms at D = 64 against 3.34 in two blocks of 512, and 2.15 ms at D = 128 against
 #: 4.14 (two of 512), 3.87 (eight of 128).
 ONE_PENALTY_BLOCK_UP_TO: dict[int, int] = {64: 1024, 128: 2048}
-#: At most this many blocks.  At T = 65536, D = 64 (``chunk.json``) blocks of 512 / 1024 / 2048
-#: / 4096 tokens (128 / 64 / 32 / 16 blocks) take 20.8 / 17.5 / 15.8 / 15.1 ms: past 16 blocks
-#: the penalty chain is no longer what the forward waits on, and more blocks cost their starts.
+#: At most this many blocks of programs of 4 warps or more (twice as many of 2 warps, which run
+#: four to an SM: :data:`HALF_PENALTY_WARPS_FROM`).  At T = 65536, D = 64 (``chunk.json``) blocks
+#: of 512 / 1024 / 2048 / 4096 tokens (128 / 64 / 32 / 16 blocks) take 20.8 / 17.5 / 15.8 /
+#: 15.1 ms: past 16 blocks of 4-warp programs, which fill one wave at B·H = 16, the penalty
+#: chain is no longer what the forward waits on, and more blocks cost their starts.
 MAX_PENALTY_BLOCKS = 16
+#: From this many tokens per sequence the penalty kernel runs with 2 warps at a key tile of
+#: this width, four programs to an SM, in up to twice as many blocks (:data:`MAX_PENALTY_BLOCKS`):
+#: each program's walk is short dependent reductions, bound by latency, so twice the programs
+#: per SM with half the warps each shorten the chain's walk where the blocks are long.  Side by
+#: side on an H100 (B = 1, H = 16, bf16, paper preset; ``benchmarks/gpu/chain_occupancy.py``,
+#: ``h100/chain_occupancy_b6d5ea8.json``; the penalty kernel's device time, the forward's and
+#: the forward + backward's medians), 2 warps in 32 blocks against 4 in 16: T = 16384
+#: 0.84 / 2.95 / 17.3 ms against 1.09 / 3.01 / 17.9; T = 65536 3.27 / 9.91 / 67.6 against
+#: 4.25 / 10.7 / 69.0.  At T = 4096 (blocks of 256 tokens) 2 warps are slower: the forward's
+#: device time 1.03 against 1.00 ms in 16 blocks, 1.15 in 32.  At D = 128 half the warps are
+#: slower in every block count measured (8 and 16 blocks at T = 16384).
+HALF_PENALTY_WARPS_FROM: dict[int, int] = {64: 16384}
 #: Registers per thread of the penalty kernel: every build of it reaches the 255 that sm_90
 #: allows (``benchmarks/results/sm90/preflight_*.json``), allocated in units of 256 per thread
 #: of a warp, so at 4 warps two programs fit an SM's 65536 registers and at 8 warps one.
@@ -306,7 +321,8 @@ def penalty_block_length(
     :data:`ONE_PENALTY_BLOCK_UP_TO`; else the smallest multiple of ``penalty_chunk`` that is
     at least the width's :data:`DEFAULT_PENALTY_BLOCK` and gives at most as many blocks as
     the penalty kernel's programs that run at once on ``device`` share among the ``heads``
-    (``B·H``) sequences, and at most :data:`MAX_PENALTY_BLOCKS`.
+    (``B·H``) sequences, and at most :data:`MAX_PENALTY_BLOCKS` (twice as many where its
+    programs have 2 warps: :data:`HALF_PENALTY_WARPS_FROM`).
 
     Each block is one program walking its tokens one chunk after another, so the chain takes
     as long as its longest walk times the waves of programs: past one wave more blocks only
@@ -318,8 +334,9 @@ def penalty_block_length(
     chunks = max(1, math.ceil(T / penalty_chunk))
     if T <= _row(ONE_PENALTY_BLOCK_UP_TO, dk):
         return chunks * penalty_chunk
-    most = MAX_PENALTY_BLOCKS
-    programs = _penalty_programs_at_once(device, _penalty_chain_warps(dk))
+    warps = _penalty_chain_warps(dk, T)
+    most = MAX_PENALTY_BLOCKS * max(1, 4 // warps)
+    programs = _penalty_programs_at_once(device, warps)
     if programs is not None:
         most = min(most, max(1, programs // max(1, heads)))
     least = _row(DEFAULT_PENALTY_BLOCK, dk)
@@ -332,11 +349,17 @@ def _row(table: dict[int, int], dk: int) -> int:
     return next((n for w, n in sorted(table.items()) if dk <= w), table[max(table)])
 
 
-def _penalty_chain_warps(dk: int) -> int:
-    """Warps of the penalty kernel at key width ``dk`` (:data:`PENALTY_CHAIN_WARPS`, else the
-    state kernels' 4 up to a 64-wide key tile and 8 above)."""
+def _penalty_chain_warps(dk: int, T: int) -> int:
+    """Warps of the penalty kernel at key width ``dk`` over ``T`` tokens per sequence
+    (:data:`PENALTY_CHAIN_WARPS`, else 2 from the key tile width's
+    :data:`HALF_PENALTY_WARPS_FROM`, else the state kernels' 4 up to a 64-wide key tile and 8
+    above)."""
     BK = max(32, _pow2(dk))
-    return PENALTY_CHAIN_WARPS.get(BK, 4 if BK <= 64 else 8)
+    if BK in PENALTY_CHAIN_WARPS:
+        return PENALTY_CHAIN_WARPS[BK]
+    if T >= HALF_PENALTY_WARPS_FROM.get(BK, T + 1):
+        return 2
+    return 4 if BK <= 64 else 8
 
 
 _PROGRAMS_AT_ONCE: dict[tuple[int, int], int] = {}
@@ -562,13 +585,21 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
     return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
 
 
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     """The dtype of the state side's stored intermediates (the gates, ``K̃``, ``Ṽ``, ``E``, the
-    chunk-start ``S``) and of its products' operands, for inputs of ``dtype``: float32, with
-    tf32 products for 16-bit inputs (design doc, "What runs").  16-bit intermediates are within
-    the spec §4 budget on the CPU (``benchmarks/prototypes/bf16_state_side.py``), which times
-    them on a GPU by replacing this function; their speed decides."""
-    del dtype
+    chunk-start ``S``) and of its products' operands, for inputs of ``dtype``: bf16 for bf16
+    inputs in inference, as fla's kernels keep theirs; float32 otherwise, with tf32 products
+    for 16-bit inputs (design doc, "What runs").
+
+    bf16 intermediates are within the spec §4 bf16 budget (0.17 of it at worst on the CPU,
+    ``benchmarks/prototypes/bf16_state_side.py``; ``validate`` passes on an H100) and make the
+    inference forward faster (one H100, B = 1, H = 16, paper preset, side by side: 3.01 → 2.85
+    ms at D = 64, 9.85 → 8.87 ms at D = 128, T = 16384; ``h100/bf16_state_side_gpu_b6d5ea8.json``).
+    The training forward keeps float32: the backward reads the gates and the chunk-start states
+    as its checkpoints, and its forward + backward gains 0.5 % at most in the same run.  fp16
+    inputs keep float32: only bf16 was measured."""
+    if dtype == torch.bfloat16 and not training:
+        return torch.bfloat16
     return torch.float32
 
 
@@ -668,7 +699,7 @@ def _forward(
     scan_bug = bug in (kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES, kernels.BUG_UNCHECKED_BLOCK_STARTS)
     A_starts = starts(normalise=not scan, planted=scan_bug)
     # The state side's stored intermediates (gates, K̃, Ṽ, E, the chunk-start S).
-    sd = _state_dtype(q.dtype)
+    sd = _state_dtype(q.dtype, save_checkpoints)
     gates = torch.empty(BH, TP, BK, dtype=sd, device=dev)
     W = torch.empty(BH, NB, CP, BK, dtype=pd, device=dev)
     bkb = min(BK, 32)
@@ -704,7 +735,7 @@ def _forward(
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
             SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
-            COND=flag is not None, num_warps=_penalty_chain_warps(dk),
+            COND=flag is not None, num_warps=_penalty_chain_warps(dk, T),
         )  # fmt: skip
         return X
 
