@@ -32,8 +32,8 @@ __all__ = [
 #: the narrowest width at least ``dk``; no row (keys wider than every row) or ``None``: never.
 #: Each row is the first measured length from which the chunked kernel is faster than the
 #: recurrent one, side by side (B = 1, H = 16, bf16, paper preset), ms chunked / recurrent:
-#: at D = 64 0.907 / 0.869 (T = 1024), 1.06 / 3.39 (4096); at D = 128 1.77 / 1.17 (1024),
-#: 3.16 / 4.55 (4096), 9.62 / 18.4 (16384) (an H100, ``benchmarks/results/h100/chunk.json``,
+#: at D = 64 0.889 / 0.869 (T = 1024), 1.03 / 3.39 (4096); at D = 128 1.75 / 1.16 (1024),
+#: 2.91 / 4.61 (4096), 8.74 / 18.4 (16384) (an H100, ``benchmarks/results/h100/chunk.json``,
 #: one grid at one commit); at T = 2048 the recurrent kernel was faster at both widths
 #: (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``, where D = 128
 #: ran one block at 2048 tokens as the chunked kernel still does).  The chunked kernel stays
@@ -43,9 +43,9 @@ FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: key width (as :data:`FORWARD_CROSSOVER_T`).  Both backwards are the recurrent adjoint (the
 #: chunked one from its forward's checkpoints and chain values).  Forward + backward, chunked
 #: against recurrent, ms, from the same grid (``benchmarks/results/h100/chunk.json``): at
-#: D = 64 2.18 / 2.22 (T = 1024, within 2 %), 4.43 / 7.46 (4096), 17.1 / 29.6 (16384), and
+#: D = 64 2.60 / 2.54 (T = 1024), 4.61 / 7.54 (4096), 17.3 / 29.9 (16384), and
 #: 8.88 / 6.53 at T = 2048 on the H200 (``h200/forward_crossover.json``, older kernels); at
-#: D = 128 4.90 / 4.91 (1024), 15.4 / 19.5 (4096), 58.9 / 78.6 (16384).
+#: D = 128 5.00 / 4.96 (1024), 15.9 / 19.8 (4096), 63.1 / 79.4 (16384).
 TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 
 _KERNELS: dict[str, Any] = {}
