@@ -6,7 +6,8 @@ A kernel that does not fit fails only at its first launch on the GPU (``OutOfRes
 device time is scarce: this finds it before.  Two steps:
 
 1. **record** (a subprocess under ``TRITON_INTERPRET=1``): one forward and backward of
-   ``triton_fused`` and ``triton_chunked`` at the requested sizes with the plans a 132-SM GPU
+   ``triton_fused`` and ``triton_chunked``, and one inference forward of ``triton_chunked``, at
+   the requested sizes with the plans a 132-SM GPU
    would get (``interpreted`` and the SM count stood in for), every kernel replaced by a recorder
    of its launch (no kernel runs; the numbers are garbage, the launches are what matters);
 2. **build**: each distinct launch (kernel, constexprs, argument types, ``num_warps``,
@@ -121,6 +122,9 @@ def record(
             else:
                 o, _ = tc.chunked_vla(*xs, config=cfg, penalty_dtype="float64")
             torch.autograd.grad(o.float().sum(), xs)
+        # The inference forward builds its own kernels (bf16 state-side intermediates).
+        with torch.no_grad():
+            tc.chunked_vla(*x, config=cfg, penalty_dtype="float64")
     out.write_text(json.dumps(launches))
 
 
