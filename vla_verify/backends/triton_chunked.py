@@ -16,8 +16,10 @@ inter-chunk state recurrence; and the read-out.  Every nudge period
 and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of the call when
 ``(start + t) % nudge_period == 0``).
 
-Precision.  Inputs are float32, bfloat16 or float16; the state chain's products take float32
-operands and accumulate in float32: tf32 for 16-bit inputs and, for float32 inputs,
+Precision.  Inputs are float32, bfloat16 or float16; the state chain's products accumulate in
+float32.  Their operands and the stored intermediates are bf16 in the inference forward of
+bf16 inputs (as fla's kernels keep theirs, within the spec §4 bf16 budget: :func:`_state_dtype`)
+and float32 otherwise: tf32 products for 16-bit inputs and, for float32 inputs,
 ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The
 penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
 re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
