@@ -8,7 +8,8 @@ batched solve; float64), rounded to float32, then ``vla_gate_kernel`` with the s
 into the blocks (one program per block and head, each from its start, its nudge clock at the
 block's first token), as the recurrent backward reruns its gates from every checkpoint.  Its
 ``α̂`` are compared with those of the chunked forward at the same block length (its float64
-chain's, ``_forward(save_checkpoints=True)``); then the device time of ``vla_gate_kernel`` and
+chain's, ``_forward(save_checkpoints=True)``), and each block's end with the next block's
+start; then the device time of ``vla_gate_kernel`` and
 of the chunked forward's ``penalty_chain_kernel`` (torch.profiler, mean of five calls) and the
 medians of the two launches (``triton.testing.do_bench``)::
 
@@ -27,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 
-def block_gates(q: Any, k: Any, u: Any, config: Any, block: int) -> Any:
+def block_gates(q: Any, k: Any, u: Any, config: Any, block: int, ends: bool = False) -> Any:
     """``α̂`` ``[B·H, T, BK]`` (float32, ``BK = next_power_of_2(dk)``) by ``vla_gate_kernel`` from
-    every block's start; ``T`` a multiple of ``block``."""
+    every block's start; ``T`` a multiple of ``block``.  With ``ends``, also the largest
+    relative difference between each block's end (the float32 chain's ``A``) and the next
+    block's start (float64): what a block-end check on this chain would see."""
     import torch
 
     from vla_verify.backends import triton_chunked as tc
@@ -61,12 +64,12 @@ def block_gates(q: Any, k: Any, u: Any, config: Any, block: int) -> Any:
     plan = tf.plan_for(B * NB, H, block, dk, dk, q.dtype, dev, True)
     out = [torch.empty(B * NB * H, block, w, dtype=torch.float32, device=dev)
            for w in (bk, bk, 2, bk, 4)]  # fmt: skip
-    ends = (torch.empty(B * NB, H, dk, dk, dtype=torch.float32, device=dev),
+    last = (torch.empty(B * NB, H, dk, dk, dtype=torch.float32, device=dev),
             torch.empty(B * NB, H, dk, dtype=torch.float32, device=dev))  # fmt: skip
     tf.kernels.vla_gate_kernel[(B * NB * H,)](
         q_ptr=fold[0], k_ptr=fold[1], u_ptr=fold[2], kh_ptr=out[0], ah_ptr=out[1],
-        sc_ptr=out[2], sv_ptr=out[3], cs_ptr=out[4], a0_ptr=a0, z0_ptr=z0, aT_ptr=ends[0],
-        zT_ptr=ends[1], p_ptr=tf._params(config, torch.float32, dev), T=block, H=H, DK=dk,
+        sc_ptr=out[2], sv_ptr=out[3], cs_ptr=out[4], a0_ptr=a0, z0_ptr=z0, aT_ptr=last[0],
+        zT_ptr=last[1], p_ptr=tf._params(config, torch.float32, dev), T=block, H=H, DK=dk,
         nudge_period=period, start=0, t_begin=0, n_steps=block, a_stride=dk, fold_m=NB,
         fold_len=block, BK=bk, NORM_GATE=config.normalize_gate, ACC=tf.tl.float32,
         DOWNDATE=int(tf.DOWNDATES["fma"]), SPLIT=tf._split(plan, bk, loads_tile=True),
@@ -75,7 +78,14 @@ def block_gates(q: Any, k: Any, u: Any, config: Any, block: int) -> Any:
     )  # fmt: skip
     # [NB·B·H, block, bk] in fold order (b₀·NB + j, h) -> [B·H, T, bk]
     ah = out[1].reshape(B, NB, H, block, bk).transpose(1, 2).reshape(B * H, T, bk)
-    return ah
+    if not ends:
+        return ah
+    if NB == 1:
+        return ah, 0.0
+    end = last[0].reshape(B, NB, H, dk, dk)[:, :-1].double()
+    nxt = a0.reshape(B, NB, H, dk, dk)[:, 1:].double()
+    scale = nxt.abs().amax(dim=(-2, -1), keepdim=True)
+    return ah, float(((end - nxt).abs() / scale).max())
 
 
 def chunked_gates(q: Any, k: Any, v: Any, u: Any, config: Any, block: int) -> Any:
@@ -129,7 +139,7 @@ def main() -> None:
                 continue
             row: dict[str, Any] = {"D": D, "T": T, "blocks": nb, "block_tokens": block}
             ref = chunked_gates(q, k, v, u, cfg, block)
-            got = block_gates(q, k, u, cfg, block)
+            got, row["block_end_relative_difference"] = block_gates(q, k, u, cfg, block, True)
             w = min(ref.shape[-1], got.shape[-1])
             diff = (got[..., :w] - ref[..., :w]).abs().max() / ref[..., :w].abs().max()
             row["gates_relative_difference"] = float(diff)
