@@ -57,6 +57,11 @@ def test_the_budget_separates_true_starts_from_planted_ones(penalties: str) -> N
     for name in ("exact_gates", "one_block", "exact", "products"):
         assert max(r[name].values()) <= 1, (name, r[name])
     assert max(r["planted_A0"].values()) > 1
+    # A block's end by the float32 chain and the next block's start: within 16·L·2^-24 for
+    # blocks of L = 64 tokens from the true starts, far outside it from the planted ones.
+    ends = r["block_end_relative_difference"]
+    bound = 16 * 64 * 2.0**-24
+    assert ends["exact"] < bound and ends["products"] < bound < ends["planted_A0"]
 
 
 @pytest.mark.triton

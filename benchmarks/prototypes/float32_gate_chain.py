@@ -28,8 +28,9 @@ dtype (the float64 oracle against the oracle run in that dtype; ``terms = dk + C
 strong Gaussian penalties (B = 1, H = 2, dk = dv = 64, T = 1024, blocks of 128 tokens, C = 64,
 paper preset, three seeds each, float32 and bf16 inputs) and writes
 ``OUT/float32_gate_chain.json``, with the largest relative error of the ``products`` starts
-against the exact ones.  It runs Triton's interpreter for the starts' kernel
-(``TRITON_INTERPRET=1``).
+against the exact ones and, per kind of start, the largest relative difference between a
+block's end by the float32 chain and the next block's start.  It runs Triton's interpreter
+for the starts' kernel (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -82,12 +83,15 @@ def block_starts(
 
 def chain_gates(
     seen: list[np.ndarray], config: VLAConfig, block: int, starts: np.ndarray, dtype: str
-) -> np.ndarray:
+) -> tuple[np.ndarray, float]:
     """The gates ``[B, T, H, dk]``: each block's from the oracle run in ``dtype`` from its
-    start (rounded to ``dtype``), its nudge clock at the block's first token."""
+    start (rounded to ``dtype``), its nudge clock at the block's first token; and the largest
+    relative difference between a block's end so and the next block's start (what a block-end
+    check on this chain would see)."""
     q, k, v, u = seen
     B, T, H, dk = q.shape
     gates = np.empty_like(q)
+    end_error = 0.0
     for nb, t0 in enumerate(range(0, T, block)):
         sl = slice(t0, min(T, t0 + block))
         A = starts[:, nb].astype(np.float32).astype(np.float64)
@@ -97,7 +101,11 @@ def chain_gates(
                          start=t0)  # fmt: skip
         assert res.history is not None
         gates[:, sl] = res.history.gate
-    return gates
+        if nb + 1 < starts.shape[1]:
+            nxt = starts[:, nb + 1]
+            scale = np.abs(nxt).max(axis=(-2, -1), keepdims=True)
+            end_error = max(end_error, float((np.abs(res.state[1] - nxt) / scale).max()))
+    return gates, end_error
 
 
 def ratios(
@@ -117,15 +125,17 @@ def ratios(
     gates: dict[str, np.ndarray] = {"exact_gates": ref.history.gate,
                                     "one_block": base.history.gate}  # fmt: skip
     starts = {how: block_starts(seen, config, block, how, ref.history.A) for how in STARTS}
+    end_errors = {}
     for how, A in starts.items():
-        gates[how] = chain_gates(seen, config, block, A, "float32")
+        gates[how], end_errors[how] = chain_gates(seen, config, block, A, "float32")
     exact = starts["exact"]
     scale = np.abs(exact).max(axis=(-2, -1), keepdims=True)
     start_error = float((np.abs(starts["products"] - exact) / scale).max())
     q, k, v = (a.float() for a in t[:3])
     storage, product = STATE_SIDE[dtype]
     dk = x[0].shape[-1]
-    out: dict[str, Any] = {"products_start_relative_error": start_error}
+    out: dict[str, Any] = {"products_start_relative_error": start_error,
+                           "block_end_relative_difference": end_errors}  # fmt: skip
     for name, g in gates.items():
         o, S = proto.state_side(q, k, v, torch.tensor(g, dtype=torch.float32), C=C,
                                 storage=storage, product=product, config=config)  # fmt: skip
@@ -159,6 +169,9 @@ def main(out: Path) -> None:
         worst[dtype]["products_start_relative_error"] = max(
             r["products_start_relative_error"] for r in judged
         )
+        worst[dtype]["block_end_relative_difference"] = {
+            how: max(r["block_end_relative_difference"][how] for r in judged) for how in STARTS
+        }
     res: dict[str, Any] = {
         "command": "TRITON_INTERPRET=1 python benchmarks/prototypes/float32_gate_chain.py OUT",
         "settings": dict(B=1, H=2, dk=64, dv=64, T=1024, block=128, C=64, preset="paper"),
