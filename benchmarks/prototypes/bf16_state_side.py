@@ -185,17 +185,20 @@ def main(out: Path) -> None:
     judged = [r["ratios"] for r in rows if r["ratios"] is not None]
     worst = {name: {key: max(r[name][key] for r in judged) for key in ("o", "S")}
              for name in SCHEMES}  # fmt: skip
-    res: dict[str, Any] = {
+    write_study(out / "bf16_state_side.json", {
         "command": "python benchmarks/prototypes/bf16_state_side.py OUT",
         "settings": {"B": 1, "H": 2, "dk": 64, "dv": 64, "T": 1024, "C": 64, "preset": "paper"},
         "schemes": {k: {"storage": s, "product": p} for k, (s, p) in SCHEMES.items()},
-        "rows": rows,
-        "worst": worst,
-        "seconds": time.perf_counter() - t0,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bf16_state_side.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps(res["worst"]))
+    }, rows, worst, t0)  # fmt: skip
+
+
+def write_study(path: Path, head: dict[str, Any], rows: list[Any], worst: Any, t0: float) -> None:
+    """A precision study's JSON: ``head`` (command, settings), its rows, the worst ratios and
+    the seconds since ``t0``; the worst ratios printed."""
+    res = {**head, "rows": rows, "worst": worst, "seconds": time.perf_counter() - t0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    print(json.dumps(worst))
 
 
 def bf16_state_dtype(dtype: torch.dtype, training: bool = False) -> torch.dtype:

@@ -172,16 +172,10 @@ def main(out: Path) -> None:
         worst[dtype]["block_end_relative_difference"] = {
             how: max(r["block_end_relative_difference"][how] for r in judged) for how in STARTS
         }
-    res: dict[str, Any] = {
+    proto.write_study(out / "float32_gate_chain.json", {
         "command": "TRITON_INTERPRET=1 python benchmarks/prototypes/float32_gate_chain.py OUT",
         "settings": dict(B=1, H=2, dk=64, dv=64, T=1024, block=128, C=64, preset="paper"),
-        "rows": rows,
-        "worst": worst,
-        "seconds": time.perf_counter() - t0,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "float32_gate_chain.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps(res["worst"]))
+    }, rows, worst, t0)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -598,7 +598,7 @@ def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     inference forward faster (one H100, B = 1, H = 16, paper preset, side by side: 3.01 → 2.85
     ms at D = 64, 9.85 → 8.87 ms at D = 128, T = 16384; ``h100/bf16_state_side_gpu_b6d5ea8.json``).
     The training forward keeps float32: the backward reads the gates and the chunk-start states
-    as its checkpoints, and its forward + backward gains 0.5 % at most in the same run.  fp16
+    as its checkpoints, and its forward + backward gains 1.4 % at most in the same run.  fp16
     inputs keep float32: only bf16 was measured."""
     if dtype == torch.bfloat16 and not training:
         return torch.bfloat16
