@@ -643,7 +643,7 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
     """``state_prep_kernel`` (16-row blocks) gives ``K̃ = T K̂``, ``Ṽ = T V`` with
     ``T = (I + tril(K̂ Âᵀ, −1))^{-1}`` per chunk, against a float64 triangular solve, across
     padded widths and a short last chunk; without the ``N_21 T_10`` term of ``T_20`` (chunks
-    of 64) it does not."""
+    of 64) it does not.  It also stores each chunk's sum of keys, a known answer."""
     import triton.language as tl
 
     from vla_verify.backends import triton_chunked_kernels as kernels
@@ -659,16 +659,19 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
     gates[:, :T, :dk] = a / a.norm(dim=-1, keepdim=True)
     params = tc._params(VLAConfig(), torch.device("cpu"))
 
+    key_sums = torch.full((1, TP // C, H, dk), float("nan"))
+
     def transform(bug: int) -> tuple[torch.Tensor, torch.Tensor]:
         Kt = torch.empty(H, TP, BK)
         Vt = torch.empty(H, TP, BV)
         kernels.state_prep_kernel[(TP // C, H)](
-            k, v, gates, Kt, Vt, params, gates, T, H, H * dk, dk, H * dv, dv,
+            k, v, gates, Kt, Vt, key_sums, params, gates, T, H, H * dk, dk, H * dv, dv,
             DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, OP=tl.float32, PREC="ieee", BUG=bug,
         )  # fmt: skip
         return Kt[:, :T, :dk].double(), Vt[:, :T, :dv].double()
 
     kh = k[0].double().transpose(0, 1)
+    sums = torch.stack([kh[:, c0 : c0 + C].sum(dim=1) for c0 in range(0, T, C)])
     kh = kh / kh.norm(dim=-1, keepdim=True)
     vv = v[0].double().transpose(0, 1)
     Kref, Vref = torch.empty_like(kh), torch.empty_like(vv)
@@ -694,6 +697,9 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
                    float(((Vt - Vref).abs() / (gamma * Vbound + 1e-30)).max()))  # fmt: skip
 
     assert outside(0) <= 1.0
+    # Chunk sums of at most 64 positive float32 keys: within 64·2^-24 relative.
+    got = key_sums[0].double().transpose(0, 1)  # [H, NC, dk]
+    assert torch.allclose(got, sums.transpose(0, 1), rtol=64 * 2.0**-24, atol=0)
     if C == 64:
         assert outside(tc.PLANTED_BUGS["ut_block_term"]) > 100.0
 
@@ -854,3 +860,22 @@ def test_the_penalty_kernel_halves_its_warps_on_long_sequences() -> None:
     assert tc._penalty_chain_warps(33, 65536) == 2
     assert tc._penalty_chain_warps(32, 65536) == 4
     assert tc._penalty_chain_warps(128, 65536) == 8
+
+
+@pytest.mark.parametrize("step", [1, 2, 32])
+def test_z_scan_carries_across_its_steps(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """``z`` at every chunk start by a scan of the chunks' sums of keys, ``step`` chunks a step
+    (``_KEY_SUM_CHUNKS``): across 7 chunks of 16 tokens and several steps, from an initial
+    state, ``o`` and the state are within the budget and the last ``z`` is ``z_0 + Σ k``."""
+    monkeypatch.setattr(tc, "_KEY_SUM_CHUNKS", step)
+    inputs, initial = _inputs(100, 8, 6, state=True, seed=5)
+
+    def fn(*args, **kwargs):
+        return tc.chunked_vla(*args, chunk_size=16, **kwargs)
+
+    assert _outside_budget(fn, inputs, initial, PAPER, 3, 16) == []
+    t = [torch.tensor(x, dtype=torch.float32) for x in inputs]
+    state = tuple(torch.tensor(x, dtype=torch.float32) for x in initial)
+    _, (_, _, z) = fn(*t, initial_state=state)
+    want = state[2].double() + t[1].double().sum(dim=1)
+    assert torch.allclose(z.double(), want, rtol=1e-6, atol=0)

@@ -94,6 +94,10 @@ _NAME = "triton_chunked"
 #: adjoint's, ``fused_recurrent_vla``'s default: ``⌈T/64⌉`` states per head; its in-interval
 #: reversal's rounding grows with the interval).  A multiple of every chunk size.
 _CHECKPOINT_EVERY = 64
+#: Chunks per step of the scan that forms ``z`` at every chunk start from the chunks' sums of
+#: keys (``_key_sums``): the walk takes ``⌈T / (C·32)⌉`` dependent steps, each over a
+#: ``[32, BK]`` float32 tile.
+_KEY_SUM_CHUNKS = 32
 #: The backward's checkpoints: ``Sᵀ``, ``Aᵀ``, ``z`` (:func:`_forward`).
 Checkpoints = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 #: The backward's per-token values of the chains: ``k̂, α̂, (α̂ᵀq, zᵀq), s, (1 + uᵀs, δ, ‖α‖,
@@ -769,13 +773,13 @@ def _forward(
         cond = {"COND": flag is not None, "OP": _tl_dtype(sd), "PREC": prec}
         fl = gates if flag is None else flag
         kernels.state_prep_kernel[(TP // C, BH)](
-            k, v, gates, Kt, Vt, params, fl, T, H, H * dk, dk, H * dv, dv,
+            k, v, gates, Kt, Vt, z_chunks, params, fl, T, H, H * dk, dk, H * dv, dv,
             DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=warps, **cond,
         )  # fmt: skip
         kernels.state_starts_kernel[(BH, BV // bvb + 1)](
-            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, k, gates if z0 is None else z0,
-            z_chunks, z_out, fl, T, H, H * dk, dk, dk, dv,
-            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, HAS_Z0=z0 is not None,
+            gates, Kt, Vt, S0, S_chunks, E_buf, S_out, gates if z0 is None else z0,
+            z_chunks, z_out, fl, T, H, dk, dv,
+            BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, HAS_Z0=z0 is not None, ZB=_KEY_SUM_CHUNKS,
             num_warps=warps, num_stages=stages, **cond,
         )  # fmt: skip
         kernels.state_output_kernel[(NCk, BH, BV // bvo)](

@@ -510,6 +510,23 @@ def _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV, 
 
 
 @triton.jit
+def _chunk_key_sum(k_ptr, key_sums_ptr, b, h, c, T, H, s_t, s_h, DK, BK: tl.constexpr,
+                   C: tl.constexpr):  # fmt: skip
+    """Chunk ``c``'s sum of keys (float32) into ``key_sums`` ``[B, NC, H, DK]``, from one load
+    of the chunk's keys before the UT transform: its tile is not live across the transform's,
+    and the program waits for memory once."""
+    NC = tl.cdiv(T, C)
+    if c < NC:
+        tok = c * C + tl.arange(0, C)
+        ok = tl.arange(0, BK)
+        kmask = ok < DK
+        keys = tl.load(k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :],
+                       mask=(tok < T)[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        total = tl.sum(keys.to(tl.float32), axis=0)
+        tl.store(key_sums_ptr + ((b * NC + c) * H + h) * DK + ok, total, mask=kmask)
+
+
+@triton.jit
 def _ut_diagonal(Kh, Ag, OP: tl.constexpr, PREC: tl.constexpr):
     """``(I + N_ii)^{-1}`` of one 16 × 16 diagonal block, ``N_ii = tril(K̂_i Â_iᵀ, −1)``."""
     o = tl.arange(0, 16)
@@ -547,6 +564,7 @@ def state_prep_kernel(
     gate_ptr,  # [BH, TP, BK] float32
     kt_ptr,  # [BH, TP, BK] float32 out: K̃ = T K̂
     vt_ptr,  # [BH, TP, BV] float32 out: Ṽ = T V
+    key_sums_ptr,  # [B, NC, H, DK] float32 out: each chunk's sum of keys
     params_ptr,
     flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
@@ -569,7 +587,8 @@ def state_prep_kernel(
     """The UT transform of one chunk by 16-row blocks: ``T = (I + N)^{-1}`` with ``T_ii`` by
     forward substitution (16 dependent steps over a 16 × 16 tile, not ``C`` over ``C × C``) and
     ``T_ij = −T_ii Σ_{j≤m<i} N_im T_mj`` below the diagonal, then ``K̃ = T K̂``, ``Ṽ = T V`` block
-    row by block row (the pattern of flash-linear-attention's ``solve_tril``)."""
+    row by block row (the pattern of flash-linear-attention's ``solve_tril``).  It first stores
+    the chunk's sum of keys, from which :func:`_key_sums` forms ``z`` at every chunk start."""
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
@@ -579,6 +598,7 @@ def state_prep_kernel(
     h = bh % H
     norm_eps = tl.load(params_ptr + 4).to(tl.float32)
     r0 = c * C
+    _chunk_key_sum(k_ptr, key_sums_ptr, b, h, c, T, H, s_t, s_h, DK, BK, C)
     K0, A0, V0 = _ut_rows(k_ptr, v_ptr, gate_ptr, bh, b, h, T, s_t, s_h, sv_t, sv_h, DK, DV,
                           norm_eps, r0, TP, BK, BV)  # fmt: skip
     T00 = _ut_diagonal(K0, A0, OP, PREC)
@@ -626,27 +646,31 @@ def state_prep_kernel(
 
 
 @triton.jit
-def _key_sums(k_ptr, z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, s_t, s_h, DK,
-              BK: tl.constexpr, C: tl.constexpr, HAS_Z0: tl.constexpr):  # fmt: skip
+def _key_sums(z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, DK, BK: tl.constexpr, C: tl.constexpr,
+              ZB: tl.constexpr, HAS_Z0: tl.constexpr):  # fmt: skip
     """The read-out normaliser's ``z`` (spec §2.3, ``z_t = z_{t-1} + k_t``) of head ``bh`` at
-    each chunk's start (``[B, NC, H, DK]``) and after the last token (``[BH, DK]``), summing
-    the keys chunk after chunk in float32."""
+    each chunk's start (``[B, NC, H, DK]``) and after the last token (``[BH, DK]``), in float32:
+    ``z_chunks`` holds each chunk's sum of keys (:func:`state_prep_kernel`) and is overwritten
+    by their exclusive prefix sums from ``z_0``, ``ZB`` chunks a step (a scan over the step's
+    rows), so the walk takes ``NC / ZB`` dependent steps instead of ``NC``."""
     b = bh // H
     h = bh % H
-    ot = tl.arange(0, C)
     ok = tl.arange(0, BK)
+    oc = tl.arange(0, ZB)
     kmask = ok < DK
     if HAS_Z0:
         z = tl.load(z0_ptr + bh * DK + ok, mask=kmask, other=0.0)
     else:
         z = tl.zeros([BK], dtype=tl.float32)
     NC = tl.cdiv(T, C)
-    for c in range(0, NC):
-        tok = c * C + ot
-        tl.store(z_chunks_ptr + ((b * NC + c) * H + h) * DK + ok, z, mask=kmask)
-        kp = k_ptr + b * T * s_t + h * s_h + tok[:, None] * s_t + ok[None, :]
-        keys = tl.load(kp, mask=(tok < T)[:, None] & kmask[None, :], other=0.0)
-        z += tl.sum(keys.to(tl.float32), axis=0)
+    for c0 in range(0, NC, ZB):
+        cs = c0 + oc
+        at = z_chunks_ptr + ((b * NC + cs[:, None]) * H + h) * DK + ok[None, :]
+        m = (cs < NC)[:, None] & kmask[None, :]
+        sums = tl.load(at, mask=m, other=0.0)
+        # Exclusive prefix: the inclusive scan less each row's own sum.
+        tl.store(at, z[None, :] + (tl.cumsum(sums, axis=0) - sums), mask=m)
+        z += tl.sum(sums, axis=0)
     tl.store(z_out_ptr + bh * DK + ok, z, mask=kmask)
 
 
@@ -659,15 +683,12 @@ def state_starts_kernel(
     s_chunks_ptr,  # [BH, NC, BV, BK] float32 out: S at each chunk's start
     e_ptr,  # [BH, TP, BV] float32 out: E_c = Ṽ_c − K̃_c S_cᵀ
     s_out_ptr,  # [BH, DV, DK] float32 out
-    k_ptr,  # [B, T, H, DK] the keys (any float type)
     z0_ptr,  # [BH, DK] float32 (HAS_Z0): z before the first token
-    z_chunks_ptr,  # [B, NC, H, DK] float32 out: z at each chunk's start
+    z_chunks_ptr,  # [B, NC, H, DK] float32: each chunk's sum of keys in, z at its start out
     z_out_ptr,  # [BH, DK] float32 out: z after the last token
     flag_ptr,  # int32 [1] (COND): nonzero where the block-start check failed
     T,
     H,
-    s_t,
-    s_h,
     DK,
     DV,
     BK: tl.constexpr,
@@ -678,6 +699,7 @@ def state_starts_kernel(
     OP: tl.constexpr,  # the state side's product operands: float32 (PREC products) or bf16
     PREC: tl.constexpr,
     HAS_Z0: tl.constexpr,
+    ZB: tl.constexpr,  # chunks per step of z's scan
     COND: tl.constexpr = False,
 ):
     """The sequential half of the state chain: per chunk only ``E_c`` and ``S_{c+1} = S_c +
@@ -690,7 +712,7 @@ def state_starts_kernel(
     bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     pv = tl.program_id(1)
     if pv == tl.num_programs(1) - 1:
-        _key_sums(k_ptr, z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, s_t, s_h, DK, BK, C, HAS_Z0)
+        _key_sums(z0_ptr, z_chunks_ptr, z_out_ptr, bh, T, H, DK, BK, C, ZB, HAS_Z0)
         return
     ot = tl.arange(0, C)
     ok = tl.arange(0, BK)
