@@ -44,8 +44,9 @@ RUN: dict[str, Any] = {
     "grid_Ds": (64, 128),
     "grid_Ts": (1024, 4096, 16384, 65536),
     # Lengths added at D = 64 (forward and forward + backward), where the chunked forward
-    # meets causal SDPA: claim C9's verdict needs the crossing bracketed inside [21500, 86000].
-    "c9_Ts": (32768, 49152),
+    # meets causal SDPA: claim C9's verdict needs the crossing bracketed inside [21500, 86000]
+    # (20480 and 24576 place a crossing below 32768 against the window's lower end).
+    "c9_Ts": (20480, 24576, 32768, 49152),
     "grid_H": 16,
     "variant_T": 16384,
     "variant_Ds": (64, 128),
