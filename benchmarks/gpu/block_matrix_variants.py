@@ -2,13 +2,13 @@
 per program ``NC``, token rows per product ``CH`` and warps, side by side with the backend's
 launch (``penalty_block_matrices``: ``NC = CH = 32``, 4 warps at keys up to 64 wide, 8 above).
 Correctness first: each variant's matrices against the backend's, to float64 rounding; then
-each launch's median (``triton.testing.do_bench``)::
+each launch's median (``vla_verify.bench.time_ms``: ``do_bench`` after its warm-up)::
 
     python benchmarks/gpu/block_matrix_variants.py OUT.json [--sizes 64x16384 128x16384]
 
-B = 1, H = 16, bf16 inputs (the kernel reads their float32 copy, as the forward does), the
-paper preset's nudges, the forward's block length and its ``last=False``.  The candidates are
-the shapes that build for sm_90 with at most 48 bytes of stack per thread
+B = 1, H = 16, the grid's bf16 penalties (``vla_verify.bench._inputs``; the kernel reads their
+float32 copy, as the forward does), the paper preset's nudges, the forward's block length and
+its ``last=False``.  The candidates are the shapes that build for sm_90 with at most 48 bytes of stack per thread
 (``benchmarks/results/sm90/preflight_block_matrix_variants.json``).  ``--smoke`` runs toy sizes
 on the CPU under ``TRITON_INTERPRET=1`` (correctness only, no timing).
 """
@@ -56,11 +56,10 @@ def compare(D: int, T: int, device: str, timing: bool, bug: int = 0) -> list[dic
 
     from vla_verify import VLAConfig
     from vla_verify.backends import triton_chunked as tc
+    from vla_verify.bench import _inputs, time_ms
 
     H = 2 if device == "cpu" else 16
-    g = torch.Generator(device="cpu").manual_seed(0)
-    u = torch.randn(1, T, H, D, generator=g) / D**0.5
-    u = u.to(torch.bfloat16).float().to(device).contiguous()
+    u = _inputs(1, T, H, D, torch.bfloat16, device)["u"].float().contiguous()
     params = tc._params(VLAConfig(), torch.device(device))
     block = 64 if device == "cpu" else tc.penalty_block_length(
         T, 16, dk=D, heads=H, device=torch.device(device))  # fmt: skip
@@ -76,12 +75,9 @@ def compare(D: int, T: int, device: str, timing: bool, bug: int = 0) -> list[dic
                                "warps": warps, "relative_difference": diff,
                                "agrees": diff <= AGREE_RTOL}  # fmt: skip
         if timing and row["agrees"]:
-            from triton.testing import do_bench
-
-            row["median_ms"] = do_bench(
-                lambda o=out, nc=nc, ch=ch, w=warps: launch(u, params, o, block, nc, ch, w),
-                warmup=50, rep=300, return_mode="median",
-            )  # fmt: skip
+            row["median_ms"] = time_ms(
+                lambda o=out, nc=nc, ch=ch, w=warps: launch(u, params, o, block, nc, ch, w)
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
