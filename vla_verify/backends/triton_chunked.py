@@ -520,6 +520,9 @@ def penalty_block_matrices(
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
+    # Warps measured side by side (h100/block_matrix_variants_8e0d05d.json, the same matrices
+    # bit for bit): 2 at BK = 64 (0.42 against 0.64 ms with 4), 4 at 128 (1.90 against 3.13
+    # with 8, 4.08 with 2).
     nc = 32
     out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=torch.float64, device=u.device)
     built = NB if last else NB - 1
@@ -528,7 +531,7 @@ def penalty_block_matrices(
     if built > 0:
         kernels.penalty_block_matrix_kernel[(B * H, built, 2 * BK // nc)](
             u, out, params, T, H, start, nudge_period, block, NB, H * dk, dk, dk,
-            BK=BK, NC=nc, CH=32, BUG=bug, num_warps=4 if BK <= 64 else 8,
+            BK=BK, NC=nc, CH=32, BUG=bug, num_warps=2 if BK <= 64 else 4,
         )  # fmt: skip
     return out
 
@@ -712,6 +715,8 @@ def _forward(
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
     # kernel holds several: 8 warps keep them in registers.
     warps = 4 if BK <= 64 else 8
+    # The UT transform's program: 2 warps up to a 64-wide key tile (launch_warps.py).
+    prep_warps = 2 if BK <= 64 else warps
     nck = math.ceil(T / _CHECKPOINT_EVERY)
     cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
     # The chains' per-token values for the backward, in the recurrent adjoint's layout (rows
@@ -774,7 +779,7 @@ def _forward(
         fl = gates if flag is None else flag
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, z_chunks, params, fl, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=warps, **cond,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps, **cond,
         )  # fmt: skip
         kernels.state_starts_kernel[(BH, BV // bvb + 1)](
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, gates if z0 is None else z0,

@@ -944,9 +944,9 @@ def _penalty_adjoint_pieces(
     qm, lm = (torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev) for _ in range(2))
     dzp = torch.empty(BH, n_p, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
-    # 8 warps at BK = 64: with 4 the piece kernel's tiles spill more (with 8: 1632 bytes of
-    # stack per thread, sm90/preflight_pieces.json).
-    warps = 8 if bk >= 64 else 4
+    # 4 warps up to BK = 64, 8 above: at BK = 64 the piece kernel with 4 spills more than
+    # with 8 (sm90/preflight_pieces.json) and is still faster (launch_warps.py).
+    warps = 8 if bk > 64 else 4
     common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
               "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,
               "t_begin": t_begin, "n_steps": n, "BK": bk, "BP": bp, "BC": max(16, _pow2(every)),
@@ -1021,8 +1021,8 @@ def _scan_pieces(
     (``vla_penalty_bwd_scan_kernel`` with ``FROM_TILES``); else piece after piece."""
     BH, n_p, bk, _ = qm.shape
     dev, f32 = qm.device, torch.float32
-    # 8 warps from BK = 64, as the pieces' other kernels.
-    warps = 8 if bk >= 64 else 4
+    # 8 warps above BK = 64, as the pieces' other kernels.
+    warps = 8 if bk > 64 else 4
     scan = {"DK": dk, "BK": bk, "ACC": tl.float32, "num_warps": warps}
     if bk > _PIECES_ONE_STAGE_ABOVE:
         scan["num_stages"] = 1
