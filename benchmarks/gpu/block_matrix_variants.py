@@ -1,6 +1,6 @@
 """The blocks' matrices kernel (``penalty_block_matrix_kernel``) in other launch shapes: columns
 per program ``NC``, token rows per product ``CH`` and warps, side by side with the backend's
-launch (``penalty_block_matrices``: ``NC = CH = 32``, 4 warps at keys up to 64 wide, 8 above).
+launch (``penalty_block_matrices``: ``NC = CH = 32``, 2 warps at keys up to 64 wide, 4 above).
 Correctness first: each variant's matrices against the backend's, to float64 rounding; then
 each launch's median (``vla_verify.bench.time_ms``: ``do_bench`` after its warm-up)::
 
@@ -8,9 +8,10 @@ each launch's median (``vla_verify.bench.time_ms``: ``do_bench`` after its warm-
 
 B = 1, H = 16, the grid's bf16 penalties (``vla_verify.bench._inputs``; the kernel reads their
 float32 copy, as the forward does), the paper preset's nudges, the forward's block length and
-its ``last=False``.  The candidates are the shapes that build for sm_90 with at most 48 bytes of stack per thread
-(``benchmarks/results/sm90/preflight_block_matrix_variants.json``).  ``--smoke`` runs toy sizes
-on the CPU under ``TRITON_INTERPRET=1`` (correctness only, no timing).
+its ``last=False``.  The candidates are the shapes that build for sm_90 with at most 48 bytes of
+stack per thread (``benchmarks/results/sm90/preflight_block_matrix_variants.json``), then wider
+ones (64 columns or 64 rows) and fewer warps.  ``--smoke`` runs toy sizes on the CPU under
+``TRITON_INTERPRET=1`` (correctness only, no timing).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 
 #: (NC, CH, warps) for key tiles up to 64 wide and for 128; the backend's launch first.
 CANDIDATES: dict[int, list[tuple[int, int, int]]] = {
-    64: [(32, 32, 4), (16, 16, 4), (16, 32, 4), (32, 16, 4), (32, 16, 8), (16, 16, 8)],
-    128: [(32, 32, 8), (16, 16, 8), (32, 16, 8), (32, 16, 4), (16, 32, 4), (32, 32, 4)],
-}
+    64: [(32, 32, 2), (32, 32, 4), (16, 16, 4), (16, 32, 4), (32, 16, 4), (32, 16, 8),
+         (16, 16, 8), (64, 32, 4), (32, 64, 4), (64, 64, 4), (16, 32, 2)],
+    128: [(32, 32, 4), (32, 32, 8), (16, 16, 8), (32, 16, 8), (32, 16, 4), (16, 32, 4),
+          (32, 32, 2), (64, 32, 4), (32, 64, 4), (64, 32, 8), (16, 32, 2), (64, 64, 8)],
+}  # fmt: skip
 #: Largest relative difference (to the largest entry) that float64 rounding in another order
 #: of the same products reaches: the pieces' matrices' modes spread the entries over many
 #: orders of magnitude, so the bound is relative to the largest, with room over 2^-52 per

@@ -96,10 +96,12 @@ def _relative_difference(a: Any, b: Any) -> float:
 def sweep(
     D: int, T: int, device: str, *, warps: list[int], only: list[str] | None, timing: bool,
     override: dict[str, Any] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One size: the backend's launches recorded, then each kernel (``only``, else every one
     launched) with each other ``warps``, or with ``override`` instead where given (the
-    check's own test plants a fault this way)."""
+    check's own test plants a fault this way).  ``progress`` receives the partial result after
+    every variant, so that a run cut short keeps what it measured."""
     import torch
 
     from vla_verify import VLAConfig
@@ -146,7 +148,7 @@ def sweep(
                 launches.target, launches.override = name, dict(ov)
                 try:
                     got = run()
-                except Exception as exc:  # noqa: BLE001 (a build failure is a result)
+                except Exception as exc:  # a build failure is a result
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 else:
                     diffs = [_relative_difference(g, r) for g, r in zip(got, ref, strict=True)]
@@ -158,6 +160,12 @@ def sweep(
                 launches.target, launches.override = None, {}
                 out["variants"].append(row)
                 print(json.dumps(row), flush=True)
+                if progress is not None:
+                    progress(out)
+                if "illegal memory access" in row.get("error", ""):
+                    # The CUDA context is lost: nothing after this in the process can run.
+                    out["stopped"] = f"{name} {ov}: the CUDA context is lost"
+                    return out
         if timing:
             out["backend_after"] = medians()
     return out
@@ -178,11 +186,16 @@ def main() -> None:
         from vla_verify.bench import machine_info
 
         res["machine"] = machine_info()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     for size in sizes:
         D, T = (int(s) for s in size.split("x"))
+        done = list(res["sizes"])
+
+        def write(partial: dict[str, Any], done: list[Any] = done) -> None:
+            a.out.write_text(json.dumps({**res, "sizes": [*done, partial]}, indent=1))
+
         res["sizes"].append(sweep(D, T, device, warps=a.warps, only=a.kernels,
-                                  timing=not a.smoke))  # fmt: skip
-        a.out.parent.mkdir(parents=True, exist_ok=True)
+                                  timing=not a.smoke, progress=write))  # fmt: skip
         a.out.write_text(json.dumps(res, indent=1))
 
 

@@ -148,7 +148,7 @@ PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
 #: width at least ``dk``): see :func:`penalty_block_length`.  Measured on the H200 (B = 1,
-#: H = 16, bf16, paper preset; ``benchmarks/results/h200/chunk.json``, "variants" and
+#: H = 16, bf16, paper preset; ``benchmarks/results/h200/chunk_f8f8578.json``, "variants" and
 #: "variants_second_run", T = 16384): at D = 64 blocks of 256 / 512 / 1024 / 2048 tokens
 #: take 7.48 / 5.79 / 4.97 / 5.55 ms, one block of T tokens 18.6 ms (second run 7.28 / 5.58 /
 #: 4.82 / 5.34, 18.5); at D = 128 26.9 / 19.7 / 16.4 / 15.2 and 34.8 ms (26.2 / 19.1 / 15.8 /
@@ -520,9 +520,9 @@ def penalty_block_matrices(
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
-    # Warps measured side by side (h100/block_matrix_variants_8e0d05d.json, the same matrices
-    # bit for bit): 2 at BK = 64 (0.42 against 0.64 ms with 4), 4 at 128 (1.90 against 3.13
-    # with 8, 4.08 with 2).
+    # Warps measured side by side at T = 16384 (h100/block_matrix_variants_8e0d05d.json and
+    # ..._wider_8e0d05d.json, the same matrices bit for bit): 2 at BK = 64 (0.42 against 0.64
+    # ms with 4), 4 at 128 (1.90 against 3.13 with 8, 4.08 with 2).
     nc = 32
     out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=torch.float64, device=u.device)
     built = NB if last else NB - 1
@@ -715,8 +715,11 @@ def _forward(
     # At dk = 128 a [64, 128] float32 tile is 64 registers per thread over 4 warps, and each
     # kernel holds several: 8 warps keep them in registers.
     warps = 4 if BK <= 64 else 8
-    # The UT transform's program: 2 warps up to a 64-wide key tile (launch_warps.py).
-    prep_warps = 2 if BK <= 64 else warps
+    # The UT transform's program: 2 warps up to a 64-wide key tile, 4 above.  The forward at
+    # T = 16384 took 2.32 ms at D = 64 against 2.46 with 4 (h200/launch_warps_64_8e0d05d.json,
+    # the rows that changed only backward kernels), 7.43 against 7.76 with 8 at D = 128
+    # (h200/ut_warps_9d069e1.json).
+    prep_warps = 2 if BK <= 64 else 4
     nck = math.ceil(T / _CHECKPOINT_EVERY)
     cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
     # The chains' per-token values for the backward, in the recurrent adjoint's layout (rows

@@ -944,8 +944,12 @@ def _penalty_adjoint_pieces(
     qm, lm = (torch.empty(BH, n_p, bk, bk, dtype=f32, device=dev) for _ in range(2))
     dzp = torch.empty(BH, n_p, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
-    # 4 warps up to BK = 64, 8 above: at BK = 64 the piece kernel with 4 spills more than
-    # with 8 (sm90/preflight_pieces.json) and is still faster (launch_warps.py).
+    # 4 warps up to BK = 64, 8 above.  At BK = 64 the piece kernel spills more with 4 than
+    # with 8 (sm90/preflight_pieces.json) and is still faster: a training step at D = 64,
+    # T = 16384 took 15.0 ms with the piece kernel at 4 and 16.2 with the prep kernel at 4,
+    # against a median of 17.2 where only a forward kernel's warps changed
+    # (h200/launch_warps_64_8e0d05d.json); at BK = 128 4 warps were slower
+    # (59.3 against 54 ms with the piece kernel at 4, h200/launch_warps_128_9d069e1.json).
     warps = 8 if bk > 64 else 4
     common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
               "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,
@@ -1021,7 +1025,8 @@ def _scan_pieces(
     (``vla_penalty_bwd_scan_kernel`` with ``FROM_TILES``); else piece after piece."""
     BH, n_p, bk, _ = qm.shape
     dev, f32 = qm.device, torch.float32
-    # 8 warps above BK = 64, as the pieces' other kernels.
+    # 8 warps above BK = 64, as the pieces' other kernels (the group kernel with 4 at BK = 64:
+    # 16.6 against a median of 17.2 ms a training step, h200/launch_warps_64_8e0d05d.json).
     warps = 8 if bk > 64 else 4
     scan = {"DK": dk, "BK": bk, "ACC": tl.float32, "num_warps": warps}
     if bk > _PIECES_ONE_STAGE_ABOVE:
