@@ -22,7 +22,7 @@ from vla_verify.proofs.claims import c9_kernel_speed
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 ROOT = Path(__file__).resolve().parents[1]
 STORED = ROOT / "benchmarks" / "results" / "h200" / "fused.json"
-STORED_CHUNK = ROOT / "benchmarks" / "results" / "h100" / "chunk.json"
+STORED_CHUNK = ROOT / "benchmarks" / "results" / "h200" / "chunk.json"
 
 TINY = {
     "Ts": (8, 16),
@@ -143,7 +143,7 @@ def test_c9_reads_the_package_copy_of_the_stored_results():
     chunk_rows, chunk_source = c9_kernel_speed.load_rows(
         packaged_name=c9_kernel_speed.CROSSOVER_RESULTS
     )
-    assert chunk_source == "vla_verify/data/chunk.json (NVIDIA H100 80GB HBM3)"
+    assert chunk_source == "vla_verify/data/chunk.json (NVIDIA H200)"
     assert chunk_rows == json.loads(STORED_CHUNK.read_text())["records"]
 
 

@@ -31,7 +31,7 @@ grid too coarse to place the crossing decides nothing.
 The crossover asks whether VLA, by whichever of its kernels is faster at each T, beats softmax
 attention; so it reads the run that timed the chunked kernel, the recurrent one and SDPA side
 by side (``benchmarks/gpu/chunk_h200.py``; by default the package's copy
-``vla_verify/data/chunk.json`` of the newest grid, ``benchmarks/results/h100/chunk.json``,
+``vla_verify/data/chunk.json`` of the newest grid, ``benchmarks/results/h200/chunk.json``,
 which names its GPU), and takes per
 T the faster of ``vla_triton_fused`` and ``vla_triton_chunked`` against ``sdpa`` of the same
 run.  An explicit ``path`` is read for all three sub-claims; ``crossover_path`` overrides the
@@ -53,7 +53,7 @@ __all__ = ["CLAIM", "RESULTS", "load_rows", "run"]
 
 #: The package's copy of the stored results (``benchmarks/results/h200/fused.json``).
 RESULTS = "data/h200_fused.json"
-#: The package's copy of the chunked kernel's run (``benchmarks/results/h100/chunk.json``).
+#: The package's copy of the chunked kernel's run (``benchmarks/results/h200/chunk.json``).
 CROSSOVER_RESULTS = "data/chunk.json"
 #: The VLA kernels whose faster time, per T, meets softmax attention.
 VLA_KERNELS = ("vla_triton_fused", "vla_triton_chunked")
