@@ -5,22 +5,10 @@ interpreter (where warps do not change the arithmetic)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from script_support import interpreted_chunked_marks, load_script
 
-import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("triton")
-tc = pytest.importorskip("vla_verify.backends.triton_chunked")
-pytestmark = [
-    pytest.mark.skipif(tc.availability_reason() is not None, reason=str(tc.availability_reason())),
-    pytest.mark.skipif(not tc.interpreted(), reason="runs under TRITON_INTERPRET=1"),
-]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
-
-import launch_warps as lw  # noqa: E402
+pytestmark = interpreted_chunked_marks()
+lw = load_script("benchmarks/gpu/launch_warps.py")
 
 from vla_verify.backends import triton_chunked_kernels as kernels  # noqa: E402
 
