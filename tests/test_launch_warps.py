@@ -14,12 +14,17 @@ from vla_verify.backends import triton_chunked_kernels as kernels  # noqa: E402
 
 
 def test_other_warps_agree_and_launches_are_recorded() -> None:
-    out = lw.sweep(40, 96, "cpu", warps=[8], only=["state_prep_kernel"], timing=False)
+    out = lw.sweep(40, 96, "cpu", warps=[8], only=["state_prep_kernel"], timing=False,
+                   options={"maxnreg": None})  # fmt: skip
     assert {"penalty_chain_kernel", "state_prep_kernel", "state_output_kernel"} <= set(
         out["launches"]
     )
-    (row,) = out["variants"]
-    assert row["override"] == {"num_warps": 8} and row["agrees"]
+    # The other warps with the options, then the options alone at the backend's warps.
+    assert [r["override"] for r in out["variants"]] == [
+        {"num_warps": 8, "maxnreg": None},
+        {"maxnreg": None},
+    ]
+    assert all(r["agrees"] for r in out["variants"])
     # The wrappers are gone after the sweep.
     assert not isinstance(kernels.state_prep_kernel, lw._Wrapped)
 

@@ -8,7 +8,7 @@ backend's own, then the medians (``vla_verify.bench.time_ms``, each taken twice 
 kept; the backend's launches timed before and after the variants, so that drift shows)::
 
     python benchmarks/gpu/launch_warps.py OUT.json [--sizes 64x16384 128x16384]
-        [--kernels NAME ...] [--warps 2 4 8]
+        [--kernels NAME ...] [--warps 2 4 8] [--set maxnreg=none ...]
 
 B = 1, H = 16, bf16, the paper preset.  The agreement bound: the outputs and gradients are
 bf16, and another launch shape sums the same float32 products in another order, which moves a
@@ -97,11 +97,14 @@ def sweep(
     D: int, T: int, device: str, *, warps: list[int], only: list[str] | None, timing: bool,
     override: dict[str, Any] | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One size: the backend's launches recorded, then each kernel (``only``, else every one
     launched) with each other ``warps``, or with ``override`` instead where given (the
-    check's own test plants a fault this way).  ``progress`` receives the partial result after
-    every variant, so that a run cut short keeps what it measured."""
+    check's own test plants a fault this way).  ``options`` (other launch options, e.g.
+    ``{"maxnreg": None}`` to lift a register cap) go with every other ``warps``, and alone with
+    the backend's warps.  ``progress`` receives the partial result after every variant, so that
+    a run cut short keeps what it measured."""
     import torch
 
     from vla_verify import VLAConfig
@@ -140,8 +143,10 @@ def sweep(
         names = only or sorted(launches.seen)
         for name in names:
             defaults = {w for w, _ in launches.seen.get(name, set())}
+            extra = dict(options or {})
             trials = [override] if override is not None else [
-                {"num_warps": w} for w in warps if w not in defaults]  # fmt: skip
+                {"num_warps": w, **extra} for w in warps if w not in defaults
+            ] + ([extra] if extra else [])  # fmt: skip
             for ov in trials:
                 row: dict[str, Any] = {"kernel": name, "backend": sorted(defaults),
                                        "override": ov}  # fmt: skip
@@ -177,8 +182,21 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["64x16384", "128x16384"])
     ap.add_argument("--kernels", nargs="+", default=None)
     ap.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
+    ap.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="launch options with every variant (an integer, or none)",
+    )
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
+    options = {}
+    for item in a.set:
+        key, _, value = item.partition("=")
+        if not key or not value:
+            ap.error(f"--set takes OPTION=VALUE, got {item!r}")
+        options[key] = None if value.lower() == "none" else int(value)
     sizes = ["40x96"] if a.smoke else a.sizes
     device = "cpu" if a.smoke else "cuda"
     res: dict[str, Any] = {"agree_rtol": AGREE_RTOL, "sizes": []}
@@ -195,7 +213,8 @@ def main() -> None:
             a.out.write_text(json.dumps({**res, "sizes": [*done, partial]}, indent=1))
 
         res["sizes"].append(sweep(D, T, device, warps=a.warps, only=a.kernels,
-                                  timing=not a.smoke, progress=write))  # fmt: skip
+                                  timing=not a.smoke, progress=write,
+                                  options=options))  # fmt: skip
         a.out.write_text(json.dumps(res, indent=1))
 
 
