@@ -945,11 +945,12 @@ def _penalty_adjoint_pieces(
     dzp = torch.empty(BH, n_p, bk, dtype=f32, device=dev)
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
     # 4 warps up to BK = 64, 8 above.  At BK = 64 the piece kernel spills more with 4 than
-    # with 8 (sm90/preflight_pieces.json) and is still faster: a training step at D = 64,
+    # with 8 (888 bytes of stack a thread, sm90/preflight_b9118ed.json; 448 with 8,
+    # sm90/preflight_da_part.json) and is still faster: a training step at D = 64,
     # T = 16384 took 15.0 ms with the piece kernel at 4 and 16.2 with the prep kernel at 4,
     # against a median of 17.2 where only a forward kernel's warps changed
     # (h200/launch_warps_64_8e0d05d.json); at BK = 128 4 warps were slower
-    # (59.3 against 54 ms with the piece kernel at 4, h200/launch_warps_128_9d069e1.json).
+    # (59.3 against 53.8 ms with the piece kernel at 4, h200/launch_warps_128_9d069e1.json).
     warps = 8 if bk > 64 else 4
     common = {"p_ptr": adj.params, "T": Tp, "H": H, "DK": dk, "CK": every,
               "NC": ckz.numel() // (BH * dk) - 1, "nudge_period": adj.period, "start": start,
