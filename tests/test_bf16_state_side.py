@@ -62,13 +62,16 @@ triton_chunked = pytest.importorskip("vla_verify.backends.triton_chunked")
 
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_chunked.interpreted(), reason="runs under TRITON_INTERPRET=1")
-def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget() -> None:
-    """``triton_chunked``'s inference forward on bf16 inputs, its state side's intermediates in
-    bf16 (``_state_dtype``), stays within the spec §4 bf16 budget across a chunk boundary; with
-    the UT transform's planted slip it does not (the check can fail)."""
+def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget_on_layer_penalties(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``triton_chunked``'s inference forward on bf16 inputs with the prototype's bf16
+    intermediates (``bf16_state_dtype`` in place of ``_state_dtype``) stays within the spec §4
+    bf16 budget on layer-like penalties across a chunk boundary; with the UT transform's
+    planted slip it does not (the check can fail)."""
     from vla_verify.error_model import compare
 
-    assert triton_chunked._state_dtype(torch.bfloat16, False) == torch.bfloat16
+    monkeypatch.setattr(triton_chunked, "_state_dtype", proto.bf16_state_dtype)
     x = proto.inputs(130, 16, 16, "layer", 1)
     t = [torch.tensor(a).to(torch.bfloat16) for a in x]
     seen = [a.double().numpy() for a in t]
@@ -88,10 +91,30 @@ def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget() -> None:
     assert worst("ut_block_term") > 1
 
 
-def test_only_the_bf16_inference_forward_keeps_bf16_intermediates() -> None:
-    """The training forward's intermediates are the backward's checkpoints: float32."""
+def test_every_forward_keeps_float32_intermediates() -> None:
+    """bf16 intermediates are outside the bf16 budget (the counterexample below): every
+    forward, training or not, keeps the state side in float32."""
     pick = triton_chunked._state_dtype
-    assert pick(torch.bfloat16, False) == torch.bfloat16
-    assert pick(torch.bfloat16, True) == torch.float32
-    assert pick(torch.float16, False) == torch.float32
-    assert pick(torch.float32, False) == torch.float32
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert pick(dtype, False) == pick(dtype, True) == torch.float32
+
+
+_COUNTEREXAMPLE = Path(__file__).parent / "data" / "triton_chunked_bf16_state_carry.npz"
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_chunked.interpreted(), reason="runs under TRITON_INTERPRET=1")
+def test_the_carry_counterexample_rejects_bf16_intermediates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The case the conformance search of ``vla-verify run`` (seed 0) shrank to: bf16 inputs,
+    tiny queries on positive keys, the state carried across a cut after token 1.  The shipped
+    float32 intermediates pass it; the prototype's bf16 ones fail it."""
+    from vla_verify.validation import replay
+
+    shipped = replay(_COUNTEREXAMPLE, "triton_chunked")
+    assert shipped.passed, shipped.summary()
+    monkeypatch.setattr(triton_chunked, "_state_dtype", proto.bf16_state_dtype)
+    planted = replay(_COUNTEREXAMPLE, "triton_chunked")
+    assert not planted.passed
+    assert "carry" in planted.summary()

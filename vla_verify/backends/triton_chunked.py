@@ -17,9 +17,8 @@ and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of th
 ``(start + t) % nudge_period == 0``).
 
 Precision.  Inputs are float32, bfloat16 or float16; the state chain's products accumulate in
-float32.  Their operands and the stored intermediates are bf16 in the inference forward of
-bf16 inputs (as fla's kernels keep theirs, within the spec §4 bf16 budget: :func:`_state_dtype`)
-and float32 otherwise: tf32 products for 16-bit inputs and, for float32 inputs,
+float32.  Their operands and the stored intermediates are float32 (:func:`_state_dtype`):
+tf32 products for 16-bit inputs and, for float32 inputs,
 ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The
 penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
 re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
@@ -596,19 +595,17 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
 
 def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     """The dtype of the state side's stored intermediates (the gates, ``K̃``, ``Ṽ``, ``E``, the
-    chunk-start ``S``) and of its products' operands, for inputs of ``dtype``: bf16 for bf16
-    inputs in inference, as fla's kernels keep theirs; float32 otherwise, with tf32 products
-    for 16-bit inputs (design doc, "What runs").
+    chunk-start ``S``) and of its products' operands, for inputs of ``dtype`` (in training or
+    not): float32, with tf32 products for 16-bit inputs (design doc, "What runs").
 
-    bf16 intermediates are within the spec §4 bf16 budget (0.17 of it at worst on the CPU,
-    ``benchmarks/prototypes/bf16_state_side.py``; ``validate`` passes on an H100) and make the
-    inference forward faster (one H100, B = 1, H = 16, paper preset, side by side: 3.01 → 2.85
-    ms at D = 64, 9.85 → 8.87 ms at D = 128, T = 16384; ``h100/bf16_state_side_gpu_b6d5ea8.json``).
-    The training forward keeps float32: the backward reads the gates and the chunk-start states
-    as its checkpoints, and its forward + backward gains 1.4 % at most in the same run.  fp16
-    inputs keep float32: only bf16 was measured."""
-    if dtype == torch.bfloat16 and not training:
-        return torch.bfloat16
+    bf16 intermediates in the inference forward of bf16 inputs, as fla's kernels keep theirs,
+    made it faster (one H100, B = 1, H = 16, paper preset, side by side: 3.01 → 2.85 ms at
+    D = 64, 9.85 → 8.87 ms at D = 128, T = 16384; ``h100/bf16_state_side_gpu_b6d5ea8.json``),
+    but they are outside the spec §4 bf16 budget: the conformance search of ``vla-verify run``
+    (seed 0) found a case, tiny queries on positive keys with the state carried across a cut,
+    at 1.05 of the budget with bf16 intermediates and 0.079 with float32 ones
+    (``tests/data/triton_chunked_bf16_state_carry.npz``).  ``training`` is kept for the
+    prototypes that swap this function (``benchmarks/prototypes/bf16_state_side.py``)."""
     return torch.float32
 
 
