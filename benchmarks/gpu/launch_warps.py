@@ -109,7 +109,7 @@ def sweep(
 
     from vla_verify import VLAConfig
     from vla_verify.backends.triton_chunked import chunked_vla
-    from vla_verify.bench import _inputs, time_ms
+    from vla_verify.bench import _grad_op, _inputs, time_ms
 
     cfg = VLAConfig()
     H = 2 if device == "cpu" else 16
@@ -125,10 +125,11 @@ def sweep(
     def fwd() -> Any:
         return chunked_vla(*args, config=cfg)[0]
 
-    def fwdbwd() -> Any:
-        leaves = [a.detach().requires_grad_(True) for a in args]
-        o = chunked_vla(*leaves, config=cfg)[0]
-        o.backward(x["do"])
+    def forward(q: Any, k: Any, v: Any, u: Any) -> Any:
+        return chunked_vla(q, k, v, u, config=cfg)[0]
+
+    # As the grid and chunked_timings.py time forward + backward.
+    fwdbwd = _grad_op(forward, [a.detach().clone().requires_grad_(True) for a in args], x["do"])
 
     def medians() -> dict[str, float]:
         modes = (("fwd", fwd), ("fwdbwd", fwdbwd))
