@@ -37,7 +37,8 @@ __all__ = [
 #: ``benchmarks/results/h100/chunk_133f5d0.json``, one grid at one commit; the grid of
 #: ``h100/chunk.json``, commit ``131f844``, agrees: 0.882 / 0.862, 1.52 / 3.41, and
 #: 1.77 / 1.17, 2.94 / 4.61, 8.77 / 18.4, and so does the H200 grid of ``h200/chunk.json``,
-#: commit ``9d069e1``: 0.895 / 0.871, 1.03 / 3.45, and 1.75 / 1.17, 2.59 / 4.65, 7.78 / 18.6);
+#: commit ``9d069e1``, its chunked forward with bf16 intermediates then: 0.895 / 0.871,
+#: 1.03 / 3.45, and 1.75 / 1.17, 2.59 / 4.65, 7.78 / 18.6);
 #: at T = 2048 the recurrent kernel was faster at
 #: both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``,
 #: where D = 128 ran one block at 2048 tokens as the chunked kernel still does).  The chunked

@@ -715,7 +715,9 @@ def _forward(
     # The UT transform's program: 2 warps up to a 64-wide key tile, 4 above.  The forward at
     # T = 16384 took 2.32 ms at D = 64 against 2.46 with 4 (h200/launch_warps_64_8e0d05d.json,
     # the rows that changed only backward kernels), 7.43 against 7.76 with 8 at D = 128
-    # (h200/ut_warps_9d069e1.json).
+    # (h200/ut_warps_9d069e1.json).  Those forwards kept bf16 intermediates; with float32 ones
+    # the training step took 16.8 against a median of 17.2 ms at D = 64 and 53.9 against 55.1
+    # at D = 128.
     prep_warps = 2 if BK <= 64 else 4
     nck = math.ceil(T / _CHECKPOINT_EVERY)
     cka = torch.empty(BH, nck + 1, dk, dk, dtype=f32, device=dev) if save_checkpoints else W
