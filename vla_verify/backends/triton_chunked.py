@@ -769,10 +769,11 @@ def _forward(
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
-    # At dk = 128 one stage of the chunk loop's software pipeline: three stages of [C, BK]
-    # float32 tiles overran the H200's 227 KiB of shared memory (OutOfResources, an H200 run of
-    # benchmarks/gpu/chunk_h200.py --compile-check), and one stage is the setting measured.
-    stages = 1 if BK > 64 else 3  # 3: Triton's default
+    # The state chain's sequential chunk loop keeps Triton's default three pipeline stages at
+    # every width: built for sm_90 at BK = 128 they take 196608 bytes of shared memory (one
+    # stage 81920), and the forward at D = 128, T = 16384 took 7.81 against 8.21 ms with one
+    # (h100/state_starts_stages_1b3e657.json).
+    stages = 3
 
     def state_chain(flag: torch.Tensor | None = None) -> None:
         # The state chain from the gates: the UT transform, the sequential S recurrence (two
