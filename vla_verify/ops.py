@@ -35,14 +35,14 @@ __all__ = [
 #: at D = 64 0.889 / 0.869 (T = 1024), 1.03 / 3.39 (4096); at D = 128 1.75 / 1.16 (1024),
 #: 2.91 / 4.61 (4096), 8.74 / 18.4 (16384) (an H100,
 #: ``benchmarks/results/h100/chunk_133f5d0.json``, one grid at one commit; the grid of
-#: ``h100/chunk.json``, commit ``131f844``, agrees: 0.882 / 0.862, 1.52 / 3.41, and
-#: 1.77 / 1.17, 2.94 / 4.61, 8.77 / 18.4, and so does the H200 grid of ``h200/chunk.json``,
-#: commit ``9d069e1``, its chunked forward with bf16 intermediates then: 0.895 / 0.871,
-#: 1.03 / 3.45, and 1.75 / 1.17, 2.59 / 4.65, 7.78 / 18.6);
-#: at T = 2048 the recurrent kernel was faster at
-#: both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200, ``h200/forward_crossover.json``,
-#: where D = 128 ran one block at 2048 tokens as the chunked kernel still does).  The chunked
-#: kernel stays reachable with ``kernel="chunked"``.
+#: ``h100/chunk_131f844.json`` agrees: 0.882 / 0.862, 1.52 / 3.41, and 1.77 / 1.17,
+#: 2.94 / 4.61, 8.77 / 18.4, as does ``h100/chunk.json`` (commit ``1b3e657``): 0.924 / 0.862,
+#: 0.999 / 3.39, and 1.75 / 1.16, 2.74 / 4.58, 8.12 / 18.2, and the H200 grid of
+#: ``h200/chunk.json``, commit ``9d069e1``, its chunked forward with bf16 intermediates then:
+#: 0.895 / 0.871, 1.03 / 3.45, and 1.75 / 1.17, 2.59 / 4.65, 7.78 / 18.6); at T = 2048 the
+#: recurrent kernel was faster at both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200,
+#: ``h200/forward_crossover.json``, where D = 128 ran one block at 2048 tokens as the chunked
+#: kernel still does).  The chunked kernel stays reachable with ``kernel="chunked"``.
 FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: Sequence length from which training (inputs that require grad) runs the chunked kernel, per
 #: key width (as :data:`FORWARD_CROSSOVER_T`).  Both backwards are the recurrent adjoint (the
@@ -51,10 +51,11 @@ FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: D = 64 2.60 / 2.54 (T = 1024), 4.61 / 7.54 (4096), 17.3 / 29.9 (16384), and
 #: 8.88 / 6.53 at T = 2048 on the H200 (``h200/forward_crossover.json``, older kernels); at
 #: D = 128 5.00 / 4.96 (1024), 15.9 / 19.8 (4096), 63.1 / 79.4 (16384).  The grid of
-#: ``h100/chunk.json`` has 2.79 / 2.94 at D = 64, T = 1024, the other way round from the grid
-#: above by about the spread between machines, and ``h200/chunk.json`` (commit ``9d069e1``)
-#: 2.44 / 2.50 at D = 64 and 4.79 / 4.75 at D = 128, T = 1024 (within 2.5 %), so the rows
-#: stay at 4096.
+#: ``h100/chunk_131f844.json`` has 2.79 / 2.94 at D = 64, T = 1024, the other way round from
+#: the grid above by about the spread between machines, ``h200/chunk.json`` (commit
+#: ``9d069e1``) 2.44 / 2.50 at D = 64 and 4.79 / 4.75 at D = 128, T = 1024 (within 2.5 %), and
+#: ``h100/chunk.json`` (commit ``1b3e657``) 2.31 / 2.37 and 5.02 / 4.96, so the rows stay at
+#: 4096.
 TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 
 _KERNELS: dict[str, Any] = {}

@@ -10,8 +10,8 @@ symmetrises, transposes and copies the starts into the penalty kernel's float64 
 ``X = Aᵀ`` ``[B·H, NB, BK, BK]`` (zero-padded to the key tile ``BK``): on an H200 at D = 64 the
 LU and its two triangular solves take 0.188 ms of device time at T = 4096 and at 16384 (16
 blocks of 16 heads, ``benchmarks/results/h200/forward_breakdown_704b24b.json``), 0.49 ms at
-D = 128, T = 16384 on an H100 (``h100/chunk.json``), about a fifth of the forward's device time
-at D = 64, T = 4096; for the host, six kinds of cuBLAS kernel (the LU's panels, its row
+D = 128, T = 16384 on an H100 (``h100/chunk_704b24b.json``), about a fifth of the forward's
+device time at D = 64, T = 4096; for the host, six kinds of cuBLAS kernel (the LU's panels, its row
 exchanges and a product, two triangular solves, a set-up of pointers) and the symmetrisation's
 PyTorch operations.
 
