@@ -769,11 +769,6 @@ def _forward(
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
-    # The state chain's sequential chunk loop keeps Triton's default three pipeline stages at
-    # every width: built for sm_90 at BK = 128 they take 196608 bytes of shared memory (one
-    # stage 81920), and the forward at D = 128, T = 16384 took 7.81 against 8.21 ms with one
-    # (h100/state_starts_stages_1b3e657.json).
-    stages = 3
 
     def state_chain(flag: torch.Tensor | None = None) -> None:
         # The state chain from the gates: the UT transform, the sequential S recurrence (two
@@ -788,7 +783,11 @@ def _forward(
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, gates if z0 is None else z0,
             z_chunks, z_out, fl, T, H, dk, dv,
             BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, HAS_Z0=z0 is not None, ZB=_KEY_SUM_CHUNKS,
-            num_warps=warps, num_stages=stages, **cond,
+            # Three pipeline stages (Triton's default) at every width: built for sm_90 at
+            # BK = 128 they take 196608 bytes of shared memory (one stage 81920), and the
+            # forward at D = 128, T = 16384 took 7.81 against 8.21 ms with one
+            # (h100/state_starts_stages_1b3e657.json).
+            num_warps=warps, num_stages=3, **cond,
         )  # fmt: skip
         kernels.state_output_kernel[(NCk, BH, BV // bvo)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
