@@ -91,11 +91,11 @@ def test_the_kernel_with_bf16_intermediates_meets_the_bf16_budget_on_layer_penal
     assert worst("ut_block_term") > 1
 
 
-def test_every_forward_keeps_float32_intermediates() -> None:
-    """bf16 intermediates are outside the bf16 budget (the counterexample below): every
-    forward, training or not, keeps the state side in float32."""
+def test_bf16_intermediates_only_in_the_bf16_inference_forward() -> None:
     pick = triton_chunked._state_dtype
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    assert pick(torch.bfloat16, False) == torch.bfloat16
+    assert pick(torch.bfloat16, True) == torch.float32
+    for dtype in (torch.float16, torch.float32):
         assert pick(dtype, False) == pick(dtype, True) == torch.float32
 
 
@@ -104,17 +104,18 @@ _COUNTEREXAMPLE = Path(__file__).parent / "data" / "triton_chunked_bf16_state_ca
 
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_chunked.interpreted(), reason="runs under TRITON_INTERPRET=1")
-def test_the_carry_counterexample_rejects_bf16_intermediates(
+def test_the_carry_counterexample_rejects_bf16_operands_in_the_ut_transform(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The case the conformance search of ``vla-verify run`` (seed 0) shrank to: bf16 inputs,
-    tiny queries on positive keys, the state carried across a cut after token 1.  The shipped
-    float32 intermediates pass it; the prototype's bf16 ones fail it."""
+    tiny queries on positive keys, the state carried across a cut after token 1.  bf16
+    intermediates with the UT transform's products in float32 operands pass it; with bf16
+    operands there they fail it."""
     from vla_verify.validation import replay
 
     shipped = replay(_COUNTEREXAMPLE, "triton_chunked")
     assert shipped.passed, shipped.summary()
-    monkeypatch.setattr(triton_chunked, "_state_dtype", proto.bf16_state_dtype)
+    monkeypatch.setattr(triton_chunked, "_UT_OPERAND_DTYPE", torch.bfloat16)
     planted = replay(_COUNTEREXAMPLE, "triton_chunked")
     assert not planted.passed
     assert "carry" in planted.summary()

@@ -593,19 +593,28 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
     return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
 
 
+#: The UT transform's product operands (the forward's comment at its launch).
+_UT_OPERAND_DTYPE = torch.float32
+
+
 def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     """The dtype of the state side's stored intermediates (the gates, ``K̃``, ``Ṽ``, ``E``, the
-    chunk-start ``S``) and of its products' operands, for inputs of ``dtype`` (in training or
-    not): float32, with tf32 products for 16-bit inputs (design doc, "What runs").
+    chunk-start ``S``) and of its products' operands, for inputs of ``dtype`` in training or
+    not (design doc, "What runs"): bf16 in the inference forward of bf16 inputs, as fla's
+    kernels keep theirs, float32 (tf32 products for 16-bit inputs) otherwise; the backward
+    reads the gates and the chunk-start states, so training keeps float32.
 
-    bf16 intermediates in the inference forward of bf16 inputs, as fla's kernels keep theirs,
-    made it faster (one H100, B = 1, H = 16, paper preset, side by side: 3.01 → 2.85 ms at
-    D = 64, 9.85 → 8.87 ms at D = 128, T = 16384; ``h100/bf16_state_side_gpu_b6d5ea8.json``),
-    but they are outside the spec §4 bf16 budget: the conformance search of ``vla-verify run``
-    (seed 0) found a case, tiny queries on positive keys with the state carried across a cut,
-    at 1.05 of the budget with bf16 intermediates and 0.079 with float32 ones
-    (``tests/data/triton_chunked_bf16_state_carry.npz``).  ``training`` is kept for the
-    prototypes that swap this function (``benchmarks/prototypes/bf16_state_side.py``)."""
+    The UT transform's products take float32 operands whatever this returns
+    (``_UT_OPERAND_DTYPE``): with bf16 operands there too, the conformance search of
+    ``vla-verify run`` (seed 0) found a case, tiny queries on positive keys with the state
+    carried across a cut, at 1.05 of the spec §4 bf16 budget
+    (``tests/data/triton_chunked_bf16_state_carry.npz``; float32 intermediates 0.083, this
+    scheme 0.46: ``benchmarks/results/cpu/mixed_state_side.json``).  Side by side on one H100
+    (B = 1, H = 16, paper preset, T = 16384, two rounds), the bf16 inference forward takes
+    2.39 / 2.40 ms against 2.62 / 2.62 with float32 intermediates at D = 64 and 7.35 / 7.39
+    against 7.83 / 7.81 at D = 128 (``h100/mixed_state_side_7a12987.json``)."""
+    if dtype == torch.bfloat16 and not training:
+        return torch.bfloat16
     return torch.float32
 
 
@@ -775,9 +784,13 @@ def _forward(
         # products a chunk), then every chunk's read-out at once.  With a flag, only where set.
         cond = {"COND": flag is not None, "OP": _tl_dtype(sd), "PREC": prec}
         fl = gates if flag is None else flag
+        # The UT transform's products take float32 operands (tf32 for 16-bit inputs) whatever
+        # the intermediates' dtype: near-parallel keys make (I + N)^{-1} ill-conditioned, and
+        # bf16 operands there put the carry counterexample at 1.09 of the bf16 budget.
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, z_chunks, params, fl, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps, **cond,
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps,
+            **{**cond, "OP": _tl_dtype(_UT_OPERAND_DTYPE)},
         )  # fmt: skip
         kernels.state_starts_kernel[(BH, BV // bvb + 1)](
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, gates if z0 is None else z0,

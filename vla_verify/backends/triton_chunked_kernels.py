@@ -478,6 +478,14 @@ def _mm(a, b, OP: tl.constexpr, PREC: tl.constexpr):
     ``PREC`` (``tf32`` or ``ieee``); ``OP`` is the dtype of the stored intermediates (the
     gates, ``K̃``, ``Ṽ``, ``E``, the chunk-start ``S``)."""
     if OP == tl.float32:
+        if INTERPRETED and PREC == "tf32":
+            # The interpreter multiplies float32 exactly; the GPU's tf32 operands keep 10
+            # mantissa bits (rounded to nearest, ties away): the same rounding here.
+            ab = a.to(tl.float32).to(tl.int32, bitcast=True)
+            bb = b.to(tl.float32).to(tl.int32, bitcast=True)
+            a32 = ((ab + 4096) & -8192).to(tl.float32, bitcast=True)
+            b32 = ((bb + 4096) & -8192).to(tl.float32, bitcast=True)
+            return tl.dot(a32, b32, input_precision="ieee")
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     elif INTERPRETED:
         # Triton's interpreter multiplies 16-bit float operands as their bits: the same
