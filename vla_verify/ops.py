@@ -36,8 +36,10 @@ __all__ = [
 #: 2.91 / 4.61 (4096), 8.74 / 18.4 (16384) (an H100,
 #: ``benchmarks/results/h100/chunk_133f5d0.json``, one grid at one commit; the grid of
 #: ``h100/chunk_131f844.json`` agrees: 0.882 / 0.862, 1.52 / 3.41, and 1.77 / 1.17,
-#: 2.94 / 4.61, 8.77 / 18.4, as does ``h100/chunk.json`` (commit ``1b3e657``): 0.924 / 0.862,
-#: 0.999 / 3.39, and 1.75 / 1.16, 2.74 / 4.58, 8.12 / 18.2, and the H200 grid of
+#: 2.94 / 4.61, 8.77 / 18.4, as do ``h100/chunk_1b3e657.json``: 0.924 / 0.862, 0.999 / 3.39,
+#: and 1.75 / 1.16, 2.74 / 4.58, 8.12 / 18.2, ``h100/chunk.json`` (commit ``b07b137``, bf16
+#: state-side intermediates in the bf16 forward): 0.908 / 0.869, 1.02 / 3.41, and 1.75 / 1.17,
+#: 2.49 / 4.61, 7.21 / 18.4, and the H200 grid of
 #: ``h200/chunk.json``, commit ``9d069e1``, its chunked forward with bf16 intermediates then:
 #: 0.895 / 0.871, 1.03 / 3.45, and 1.75 / 1.17, 2.59 / 4.65, 7.78 / 18.6); at T = 2048 the
 #: recurrent kernel was faster at both widths (2.80 / 1.73 and 4.39 / 2.33 on the H200,
@@ -54,8 +56,9 @@ FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: ``h100/chunk_131f844.json`` has 2.79 / 2.94 at D = 64, T = 1024, the other way round from
 #: the grid above by about the spread between machines, ``h200/chunk.json`` (commit
 #: ``9d069e1``) 2.44 / 2.50 at D = 64 and 4.79 / 4.75 at D = 128, T = 1024 (within 2.5 %), and
-#: ``h100/chunk.json`` (commit ``1b3e657``) 2.31 / 2.37 and 5.02 / 4.96, so the rows stay at
-#: 4096.
+#: ``h100/chunk_1b3e657.json`` 2.31 / 2.37 and 5.02 / 4.96, ``h100/chunk.json`` (commit
+#: ``b07b137``) 3.49 / 3.27 and 5.10 / 4.94 (within 7 %; 4.24 / 6.86 and 15.4 / 19.9 at 4096),
+#: so the rows stay at 4096.
 TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 
 _KERNELS: dict[str, Any] = {}

@@ -1,11 +1,10 @@
 """The chunked kernel's state side with 16-bit intermediates, for its precision (not a backend;
 design doc ``docs/design/triton_chunked.md``, "The floor", further way 3).
 
-``triton_chunked`` keeps the state side's intermediates in float32 (the gates ``α̂``, the UT
-transform's ``K̃ = T K̂`` and ``Ṽ = T V``, the residuals ``E``, the chunk-start states ``S``)
-and multiplies them in tf32 products for 16-bit inputs.  fla's kernels keep theirs in bf16 and
-multiply in bf16 products; the same here would halve the bytes and double the product rate of
-the UT transform, the state chain and the read-out.  Before its speed, its precision: this
+The state side's intermediates (the gates ``α̂``, the UT transform's ``K̃ = T K̂`` and
+``Ṽ = T V``, the residuals ``E``, the chunk-start states ``S``) in float32 with tf32 products,
+or in bf16 with bf16 products, as fla's kernels keep theirs: bf16 halves the bytes and doubles
+the product rate of the UT transform, the state chain and the read-out.  Its precision: this
 module runs the state side of spec §5 in PyTorch with every intermediate rounded where such a
 kernel would store it (``storage``) and every product's operands rounded as its tensor cores
 would take them (``product``), from the float64 oracle's gates, and compares ``o`` and the last
@@ -16,17 +15,19 @@ Roundings: ``float32`` (none), ``tf32`` (10 mantissa bits, round to nearest even
 (7), and ``e3`` (3), a planted coarse rounding that the comparison must reject.
 
 ``triton_chunked`` takes the dtype of those intermediates from one function,
-``_state_dtype``; its state kernels multiply in that dtype.  Measured so, it keeps bf16 inputs'
-intermediates in bf16 in inference.  ``python benchmarks/prototypes/bf16_state_side.py --gpu
-OUT`` runs the kernel with bf16 intermediates in training too and, on a GPU, first validates it
-so (:func:`vla_verify.validate`, bf16, the paper preset, keys 64 and 128 wide, the checker's
+``_state_dtype``; its state chain and read-out multiply in that dtype, its UT transform in
+``_UT_OPERAND_DTYPE`` (float32: bf16 operands there fail a case of ``tests/data``).  It
+keeps bf16 inputs' intermediates in bf16 in inference.
+``python benchmarks/prototypes/bf16_state_side.py --gpu OUT`` runs the kernel with bf16
+intermediates in training too and, on a GPU, first validates it so
+(:func:`vla_verify.validate`, bf16, the paper preset, keys 64 and 128 wide, the checker's
 default reach), then times the forward and forward + backward with them and with float32
-intermediates throughout (:func:`float32_state_dtype`), side by
-side (B = 1, H = 16, bf16, paper preset; ``triton.testing.do_bench`` medians, the two
-alternated twice, the lower kept) with the state kernels' device time (torch.profiler, mean of
+intermediates throughout (:func:`float32_state_dtype`), side by side (B = 1, H = 16, bf16,
+paper preset; ``triton.testing.do_bench`` medians, the two alternated twice, the lower kept)
+with the state kernels' device time (torch.profiler, mean of
 five calls), writing ``OUT/bf16_state_side_gpu.json`` (:func:`gpu`).
 
-``python benchmarks/prototypes/bf16_state_side.py OUT`` runs the kernel's current rounding
+``python benchmarks/prototypes/bf16_state_side.py OUT`` runs the float32 rounding
 (float32 storage, tf32 products), the bf16 one and the planted one on layer-like, concentrated
 and strong Gaussian penalties (B = 1, H = 2, dk = dv = 64, T = 1024, C = 64, paper preset,
 three seeds each; an example where the oracle run in bf16 is not finite has no budget and is

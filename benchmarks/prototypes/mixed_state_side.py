@@ -1,21 +1,20 @@
 """The precision of the chunked forward's state side with bf16 intermediates and the UT
-transform's products in float32 operands (``benchmarks/prototypes/mixed_state_side.patch``
-applied), against the spec §4 bf16 budget, under Triton's interpreter on the CPU.
+transform's products in float32 operands (the scheme the backend runs for bf16 inputs in
+inference), against the spec §4 bf16 budget, under Triton's interpreter on the CPU.
 
-Three schemes of the bf16 inference forward, set on the patched backend:
+Three schemes of the bf16 inference forward, set on the backend:
 
-- ``float32``: float32 intermediates, tf32 products (the backend without the patch);
+- ``float32``: float32 intermediates, tf32 products (as training runs);
 - ``mixed``: the gates, ``K̃``, ``Ṽ``, ``E`` and the chunk-start ``S`` stored in bf16, the state
   chain's and the read-out's products in bf16 operands, the UT transform's in tf32 (the
-  patch);
+  backend's);
 - ``bf16``: the UT transform's products in bf16 operands too (planted: it fails).
 
 For each: the carry counterexample of ``tests/data`` replayed, and the conformance search of
 ``vla-verify run`` for ``triton_chunked`` (its plan: 15 examples a dtype) at several seeds.
-The patch rounds the operands of tf32 products to tf32 under the interpreter, as the GPU
+The kernels round the operands of tf32 products to tf32 under the interpreter, as the GPU
 does.  Usage::
 
-    git apply benchmarks/prototypes/mixed_state_side.patch
     TRITON_INTERPRET=1 python benchmarks/prototypes/mixed_state_side.py OUT.json [--seeds 0 1]
 """
 
@@ -36,15 +35,13 @@ def _scheme(name: str) -> None:
 
     from vla_verify.backends import triton_chunked as tc
 
-    if not hasattr(tc, "_UT_OPERAND_DTYPE"):
-        raise SystemExit("apply benchmarks/prototypes/mixed_state_side.patch first")
-    if not hasattr(tc, "_patched_state_dtype"):
-        tc._patched_state_dtype = tc._state_dtype  # type: ignore[attr-defined]
+    if not hasattr(tc, "_backend_state_dtype"):
+        tc._backend_state_dtype = tc._state_dtype  # type: ignore[attr-defined]
     tc._UT_OPERAND_DTYPE = torch.bfloat16 if name == "bf16" else torch.float32
     if name == "float32":
         tc._state_dtype = lambda dtype, training: torch.float32  # type: ignore[assignment]
     else:
-        tc._state_dtype = tc._patched_state_dtype  # type: ignore[attr-defined]
+        tc._state_dtype = tc._backend_state_dtype  # type: ignore[attr-defined]
 
 
 def study(seeds: list[int]) -> dict[str, Any]:

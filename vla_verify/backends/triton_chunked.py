@@ -17,8 +17,11 @@ and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of th
 ``(start + t) % nudge_period == 0``).
 
 Precision.  Inputs are float32, bfloat16 or float16; the state chain's products accumulate in
-float32.  Their operands and the stored intermediates are float32 (:func:`_state_dtype`):
-tf32 products for 16-bit inputs and, for float32 inputs,
+float32.  In the inference forward of bf16 inputs the stored intermediates are bf16 and the
+state chain's and the read-out's products take bf16 operands; the UT transform's products take
+float32 operands whatever the intermediates (:func:`_state_dtype`, ``_UT_OPERAND_DTYPE``).
+Otherwise the intermediates are float32: tf32 products for 16-bit inputs and, for float32
+inputs,
 ``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The
 penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
 re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
@@ -612,7 +615,7 @@ def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     scheme 0.46: ``benchmarks/results/cpu/mixed_state_side.json``).  Side by side on one H100
     (B = 1, H = 16, paper preset, T = 16384, two rounds), the bf16 inference forward takes
     2.39 / 2.40 ms against 2.62 / 2.62 with float32 intermediates at D = 64 and 7.35 / 7.39
-    against 7.83 / 7.81 at D = 128 (``h100/mixed_state_side_7a12987.json``)."""
+    against 7.83 / 7.81 at D = 128 (``h100/forward_patches_7a12987.json``)."""
     if dtype == torch.bfloat16 and not training:
         return torch.bfloat16
     return torch.float32
@@ -772,9 +775,10 @@ def _forward(
     # The read-out normaliser's z at each chunk's start, in the inputs' layout, and at the end.
     z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
     z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
-    # Float32 operands of the state side's products (the intermediates' dtype, _state_dtype):
-    # tf32 for 16-bit inputs, whose spec §4 budget is set by the low-precision oracle, far
-    # above tf32's rounding; the caller's input_precision for float32 inputs.
+    # Float32 operands of the state side's products (where the intermediates are float32, and
+    # the UT transform's always): tf32 for 16-bit inputs, whose spec §4 budget is set by the
+    # low-precision oracle, far above tf32's rounding; the caller's input_precision for
+    # float32 inputs.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
