@@ -21,6 +21,11 @@ from vla_verify.errors import NonFiniteError, UnsupportedConfigurationError  # n
 
 tc = pytest.importorskip("vla_verify.backends.triton_chunked")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from vla_verify.backends import triton_chunked_kernels as kernels  # noqa: E402
+
 pytestmark = [
     pytest.mark.triton,
     pytest.mark.skipif(tc.availability_reason() is not None, reason=str(tc.availability_reason())),
@@ -644,10 +649,6 @@ def test_ut_transform_by_blocks_equals_the_inverse(C: int, dk: int, dv: int, T: 
     ``T = (I + tril(K̂ Âᵀ, −1))^{-1}`` per chunk, against a float64 triangular solve, across
     padded widths and a short last chunk; without the ``N_21 T_10`` term of ``T_20`` (chunks
     of 64) it does not.  It also stores each chunk's sum of keys, a known answer."""
-    import triton.language as tl
-
-    from vla_verify.backends import triton_chunked_kernels as kernels
-
     gen = torch.Generator().manual_seed(C)
     H = 2
     k = torch.rand(1, T, H, dk, generator=gen) + 0.1
@@ -879,3 +880,42 @@ def test_z_scan_carries_across_its_steps(monkeypatch: pytest.MonkeyPatch, step: 
     _, (_, _, z) = fn(*t, initial_state=state)
     want = state[2].double() + t[1].double().sum(dim=1)
     assert torch.allclose(z.double(), want, rtol=1e-6, atol=0)
+
+
+@triton.jit
+def _mm_tile(a_ptr, b_ptr, c_ptr, N: tl.constexpr, PREC: tl.constexpr):
+    i = tl.arange(0, N)
+    offs = i[:, None] * N + i[None, :]
+    c = kernels._mm(tl.load(a_ptr + offs), tl.load(b_ptr + offs), tl.float32, PREC)
+    tl.store(c_ptr + offs, c)
+
+
+def test_interpreted_tf32_products_drop_the_low_13_bits() -> None:
+    """Under the interpreter a tf32 product of the state side takes its operands truncated to
+    10 mantissa bits, as the tensor cores take float32 registers; ``ieee`` ones stay exact."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(16, 16, generator=g, dtype=torch.float32) for _ in range(2))
+
+    def product(prec: str) -> np.ndarray:
+        c = torch.empty(16, 16, dtype=torch.float32)
+        _mm_tile[(1,)](a, b, c, N=16, PREC=prec)
+        return c.double().numpy()
+
+    def cut(x: torch.Tensor) -> np.ndarray:
+        bits = x.view(torch.int32) & -8192
+        return bits.view(torch.float32).double().numpy()
+
+    def nearest(x: torch.Tensor) -> np.ndarray:
+        bits = (x.view(torch.int32) + 4096) & -8192
+        return bits.view(torch.float32).double().numpy()
+
+    exact = a.double().numpy() @ b.double().numpy()
+    truncated = cut(a) @ cut(b)
+    rounded = nearest(a) @ nearest(b)
+    tol = 16 * 2.0**-24 * (np.abs(a.double().numpy()) @ np.abs(b.double().numpy()))
+    assert (np.abs(product("tf32") - truncated) <= tol).all()
+    assert (np.abs(product("ieee") - exact) <= tol).all()
+    # Each reading is far from the others at float32's scale: the test tells them apart.
+    assert (np.abs(truncated - rounded) > tol).any() and (np.abs(truncated - exact) > tol).any()

@@ -12,10 +12,11 @@ Three schemes of the bf16 inference forward, set on the backend:
 
 For each: the carry counterexample of ``tests/data`` replayed, and the conformance search of
 ``vla-verify run`` for ``triton_chunked`` (its plan: 15 examples a dtype) at several seeds.
-The kernels round the operands of tf32 products to tf32 under the interpreter, as the GPU
-does.  Usage::
+Under the interpreter the kernels truncate the operands of tf32 products to tf32, as the
+tensor cores take float32 registers.  Usage::
 
     TRITON_INTERPRET=1 python benchmarks/prototypes/mixed_state_side.py OUT.json [--seeds 0 1]
+        [--schemes float32 mixed]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTEREXAMPLE = ROOT / "tests" / "data" / "triton_chunked_bf16_state_carry.npz"
+SCHEMES = ("float32", "mixed", "bf16")
 
 
 def _scheme(name: str) -> None:
@@ -44,12 +46,12 @@ def _scheme(name: str) -> None:
         tc._state_dtype = tc._backend_state_dtype  # type: ignore[attr-defined]
 
 
-def study(seeds: list[int]) -> dict[str, Any]:
+def study(seeds: list[int], schemes: tuple[str, ...] = SCHEMES) -> dict[str, Any]:
     from vla_verify.conformance import conformance
     from vla_verify.validation import replay
 
     out: dict[str, Any] = {"seeds": seeds, "schemes": {}}
-    for name in ("float32", "mixed", "bf16"):
+    for name in schemes:
         _scheme(name)
         rep = replay(COUNTEREXAMPLE, "triton_chunked")
         worst = rep.worst_ratio if rep.passed else max(
@@ -75,8 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5])
+    ap.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
     a = ap.parse_args()
-    a.out.write_text(json.dumps(study(a.seeds), indent=1))
+    a.out.write_text(json.dumps(study(a.seeds, tuple(a.schemes)), indent=1))
 
 
 if __name__ == "__main__":

@@ -479,12 +479,14 @@ def _mm(a, b, OP: tl.constexpr, PREC: tl.constexpr):
     gates, ``K̃``, ``Ṽ``, ``E``, the chunk-start ``S``)."""
     if OP == tl.float32:
         if INTERPRETED and PREC == "tf32":
-            # The interpreter multiplies float32 exactly; the GPU's tf32 operands keep 10
-            # mantissa bits (rounded to nearest, ties away): the same rounding here.
+            # The interpreter multiplies float32 exactly; the GPU's tf32 products keep 10 of
+            # the operands' 23 mantissa bits.  Triton hands the tensor cores float32 registers
+            # without rounding them first, so the low 13 bits are dropped: truncation here,
+            # which errs by up to twice as much as rounding to nearest would.
             ab = a.to(tl.float32).to(tl.int32, bitcast=True)
             bb = b.to(tl.float32).to(tl.int32, bitcast=True)
-            a32 = ((ab + 4096) & -8192).to(tl.float32, bitcast=True)
-            b32 = ((bb + 4096) & -8192).to(tl.float32, bitcast=True)
+            a32 = (ab & -8192).to(tl.float32, bitcast=True)
+            b32 = (bb & -8192).to(tl.float32, bitcast=True)
             return tl.dot(a32, b32, input_precision="ieee")
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     elif INTERPRETED:
