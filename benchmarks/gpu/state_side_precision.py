@@ -1,6 +1,6 @@
 """The chunked bf16 inference forward's state-side precision where the hardware rounds: the
-UT transform's products take tf32 operands there, which the interpreter only emulates (round
-to nearest), so the margins measured on the CPU are checked on the GPU.
+UT transform's products take tf32 operands there, which the interpreter only emulates (it
+truncates them), so the margins measured on the CPU are checked on the GPU.
 
 Three schemes of the bf16 inference forward, set on the backend (as
 ``benchmarks/prototypes/mixed_state_side.py`` sets them under the interpreter):

@@ -611,8 +611,9 @@ def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     (``_UT_OPERAND_DTYPE``): with bf16 operands there too, the conformance search of
     ``vla-verify run`` (seed 0) found a case, tiny queries on positive keys with the state
     carried across a cut, at 1.05 of the spec §4 bf16 budget
-    (``tests/data/triton_chunked_bf16_state_carry.npz``; float32 intermediates 0.083, this
-    scheme 0.46: ``benchmarks/results/cpu/mixed_state_side.json``).  Side by side on one H100
+    (``tests/data/triton_chunked_bf16_state_carry.npz``; float32 intermediates 0.20, this
+    scheme 0.46, under the interpreter with tf32 operands truncated as the tensor cores take
+    them: ``benchmarks/results/cpu/mixed_state_side_truncated.json``).  Side by side on one H100
     (B = 1, H = 16, paper preset, T = 16384, two rounds), the bf16 inference forward takes
     2.39 / 2.40 ms against 2.62 / 2.62 with float32 intermediates at D = 64 and 7.35 / 7.39
     against 7.83 / 7.81 at D = 128 (``h100/forward_patches_7a12987.json``)."""
