@@ -893,8 +893,6 @@ def _mm_tile(a_ptr, b_ptr, c_ptr, N: tl.constexpr, PREC: tl.constexpr):
 def test_interpreted_tf32_products_drop_the_low_13_bits() -> None:
     """Under the interpreter a tf32 product of the state side takes its operands truncated to
     10 mantissa bits, as the tensor cores take float32 registers; ``ieee`` ones stay exact."""
-    import torch
-
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(16, 16, generator=g, dtype=torch.float32) for _ in range(2))
 

@@ -791,7 +791,7 @@ def _forward(
         fl = gates if flag is None else flag
         # The UT transform's products take float32 operands (tf32 for 16-bit inputs) whatever
         # the intermediates' dtype: near-parallel keys make (I + N)^{-1} ill-conditioned, and
-        # bf16 operands there put the carry counterexample at 1.09 of the bf16 budget.
+        # bf16 operands there put the carry counterexample at 1.05 of the bf16 budget.
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, z_chunks, params, fl, T, H, H * dk, dk, H * dv, dv,
             DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps,
