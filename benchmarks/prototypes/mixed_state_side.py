@@ -22,53 +22,38 @@ tensor cores take float32 registers.  Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import time
+import math
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-COUNTEREXAMPLE = ROOT / "tests" / "data" / "triton_chunked_bf16_state_carry.npz"
-SCHEMES = ("float32", "mixed", "bf16")
+#: This study's schemes, named as the GPU script names them (``mixed`` is its ``backend``).
+SCHEMES = {"float32": "float32", "mixed": "backend", "bf16": "bf16"}
 
 
-def _scheme(name: str) -> None:
-    import torch
-
-    from vla_verify.backends import triton_chunked as tc
-
-    if not hasattr(tc, "_backend_state_dtype"):
-        tc._backend_state_dtype = tc._state_dtype  # type: ignore[attr-defined]
-    tc._UT_OPERAND_DTYPE = torch.bfloat16 if name == "bf16" else torch.float32
-    if name == "float32":
-        tc._state_dtype = lambda dtype, training: torch.float32  # type: ignore[assignment]
-    else:
-        tc._state_dtype = tc._backend_state_dtype  # type: ignore[attr-defined]
+def _gpu_script() -> ModuleType:
+    """``benchmarks/gpu/state_side_precision.py``, whose schemes and steps this study runs on
+    the CPU."""
+    path = ROOT / "benchmarks" / "gpu" / "state_side_precision.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def study(seeds: list[int], schemes: tuple[str, ...] = SCHEMES) -> dict[str, Any]:
-    from vla_verify.conformance import conformance
-    from vla_verify.validation import replay
-
+def study(seeds: list[int], schemes: tuple[str, ...] = tuple(SCHEMES)) -> dict[str, Any]:
+    ssp = _gpu_script()
     out: dict[str, Any] = {"seeds": seeds, "schemes": {}}
     for name in schemes:
-        _scheme(name)
-        rep = replay(COUNTEREXAMPLE, "triton_chunked")
-        worst = rep.worst_ratio if rep.passed else max(
-            max((c.ratio for c in f.comparisons), default=float("nan")) for f in rep.failures
-        )  # fmt: skip
-        row: dict[str, Any] = {"counterexample": {"passed": rep.passed, "ratio": worst},
-                               "conformance": []}  # fmt: skip
-        for seed in seeds:
-            t0 = time.time()
-            for r in conformance(["triton_chunked"], seed=seed, show_progress=False):
-                if r.dtype == "bfloat16":
-                    row["conformance"].append({
-                        "seed": seed, "verdict": r.verdict, "examples": r.examples,
-                        "worst_ratio": r.worst_ratio, "seconds": round(time.time() - t0),
-                        "note": r.note[:300],
-                    })  # fmt: skip
-            print(name, row["conformance"][-1], flush=True)
+        with ssp.scheme(SCHEMES[name]):
+            row: dict[str, Any] = {
+                "counterexample": ssp.counterexample("cpu", (SCHEMES[name],))[SCHEMES[name]],
+                "conformance": ssp.conformance_rows(seeds, deadline=math.inf),
+            }
         out["schemes"][name] = row
     return out
 
