@@ -35,12 +35,14 @@ def _cuda_visible() -> bool:
 # must be set before triton is first imported, hence here.
 if "TRITON_INTERPRET" not in os.environ and not _cuda_visible():
     os.environ["TRITON_INTERPRET"] = "1"
-# The interpreter's reductions with a user combine function, folded by slices (bit-identical,
-# as the command line runs them; vla_verify.runtime.fold_interpreter_reductions).
+# The interpreter's reductions with a user combine function, folded by slices (bit-identical),
+# and its bf16 conversions rounded to nearest as the GPU rounds them, as the command line runs
+# them (vla_verify.runtime).
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from vla_verify.runtime import fold_interpreter_reductions
+    from vla_verify.runtime import fold_interpreter_reductions, round_interpreter_bf16_to_nearest
 
     fold_interpreter_reductions()
+    round_interpreter_bf16_to_nearest()
 
 _common = dict(
     deadline=None,

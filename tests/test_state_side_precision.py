@@ -1,6 +1,7 @@
 """``benchmarks/gpu/state_side_precision.py`` under Triton's interpreter: its counterexample
-step passes with the backend's state-side scheme and fails with the UT transform's products
-planted in bf16 (the check can fail), and its schemes leave the backend as they found it."""
+step passes with the backend's state-side scheme, float32 intermediates and the UT transform's
+products in bf16, and fails with float16 intermediates planted (the check can fail), and its
+schemes leave the backend as they found it."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def test_the_counterexample_separates_the_schemes(tmp_path: Path) -> None:
     out = ssp.run(tmp_path / "out.json", device="cpu", seeds=[], examples=1, budget_s=1)
     assert out["counterexample"]["backend"]["passed"]
     assert out["counterexample"]["float32"]["passed"]
-    assert not out["counterexample"]["bf16"]["passed"]
-    assert out["counterexample"]["bf16"]["ratio"] > 1
+    assert out["counterexample"]["bf16"]["passed"]
+    assert not out["counterexample"]["float16"]["passed"]
+    assert out["counterexample"]["float16"]["ratio"] > 1
     assert (tc._state_dtype, tc._UT_OPERAND_DTYPE) == before
     assert (
         json.loads((tmp_path / "out.json").read_text())["counterexample"] == out["counterexample"]

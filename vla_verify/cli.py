@@ -27,6 +27,7 @@ from .errors import BackendUnavailableError, VLAInputError
 from .runtime import (
     cuda_available,
     fold_interpreter_reductions,
+    round_interpreter_bf16_to_nearest,
     seed_only_draws,
     use_triton_interpreter_without_gpu,
 )
@@ -298,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every subcommand sees the same backends.
     interpreting = use_triton_interpreter_without_gpu()
     fold_interpreter_reductions()
+    round_interpreter_bf16_to_nearest()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["experiments"]:
         from .experiments.cli import main as run_experiments

@@ -1,6 +1,6 @@
 """How the command line sets up the process before it runs anything: the Triton interpreter on a
-machine without a GPU (with its reductions folded by slices), and Hypothesis draws that depend on
-the seed alone.
+machine without a GPU (with its reductions folded by slices and its bf16 conversions rounded as
+the GPU rounds them), and Hypothesis draws that depend on the seed alone.
 
 Both must happen before the first kernel import or the first Hypothesis draw, and the same way for
 every subcommand, so that ``run``, ``check``, ``backends`` and ``claims`` see the same backends and
@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "cuda_available",
     "fold_interpreter_reductions",
+    "round_interpreter_bf16_to_nearest",
     "seed_only_draws",
     "use_triton_interpreter_without_gpu",
 ]
@@ -150,6 +151,77 @@ def _fold_by_slices(self: Any, input: tuple[Any, ...]) -> list[Any]:
             a = a.item()
         results.append(self.to_tensor(a, x.dtype))
     return results
+
+
+def round_interpreter_bf16_to_nearest() -> bool:
+    """Under Triton's interpreter (``TRITON_INTERPRET=1``), round every conversion of a float
+    to bf16 to nearest, ties to even, as the GPU's ``cvt.rn`` does; returns whether it is
+    installed.
+
+    The interpreter converts float32 to bf16 by dropping the low 16 bits
+    (``InterpreterBuilder.cast_impl`` passes no rounding mode, for ``.to(tl.bfloat16)`` and for
+    a store into a bf16 tensor alike): an error of up to one unit in the last place instead of
+    half of one, always towards zero, so a bf16 kernel checked on the CPU seemed less accurate
+    than it is on the GPU.  (A float64 source it converted as an integer.)  Here the value is
+    rounded once from its exact value (:func:`bf16_bits`); other conversions run as before.
+    Uses the interpreter's private class; where it is absent, nothing changes.  Must run after
+    the variable is set."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
+        return False
+    try:
+        from triton.runtime import interpreter
+    except Exception:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if (
+        builder is None
+        or not hasattr(builder, "cast_impl")
+        or not hasattr(interpreter, "TensorHandle")
+    ):
+        return False
+    if getattr(builder, "_truncating_cast", None) is None:
+        builder._truncating_cast = builder.cast_impl
+        builder.cast_impl = _cast_rounding_bf16
+    return True
+
+
+def _cast_rounding_bf16(self: Any, src: Any, dst_type: Any) -> Any:
+    """``InterpreterBuilder.cast_impl`` with float to bf16 rounded to nearest
+    (:func:`round_interpreter_bf16_to_nearest`); the same arguments and result."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    source = src.dtype.scalar
+    target = dst_type.scalar
+    if target == tl.bfloat16 and source in (tl.float32, tl.float64):
+        bits = bf16_bits(np.asarray(src.data, dtype=np.float64))
+        return interpreter.TensorHandle(bits, target)
+    return type(self)._truncating_cast(self, src, dst_type)
+
+
+def bf16_bits(x: Any) -> Any:
+    """The bf16 nearest to each element of the float64 array ``x`` (ties to even; past the
+    largest finite bf16 by half a unit or more, ±inf; NaN to the quiet NaN), as the uint16 bit
+    patterns of the same shape.
+
+    ``x = m·2^e`` with ``1/2 ≤ |m| < 1`` (``numpy.frexp``) has bf16 neighbours ``2^(e−8)``
+    apart (8 significant bits), or ``2^−133`` apart below the normal range; ``x`` divided by
+    that spacing is exact in float64, :func:`numpy.rint` rounds it to nearest even, and the
+    product back is a bf16 value, exact in float32, whose high 16 bits are the result."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    safe = np.where(finite, x, 0.0)
+    _, e = np.frexp(safe)
+    spacing = np.ldexp(1.0, np.maximum(e - 8, -133))
+    rounded = np.rint(safe / spacing) * spacing
+    rounded = np.where(np.abs(rounded) >= 2.0**128, np.copysign(np.inf, x), rounded)
+    rounded = np.where(finite, rounded, x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = (rounded.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), bits).astype(np.uint16)
 
 
 @contextlib.contextmanager

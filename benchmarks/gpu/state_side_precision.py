@@ -1,13 +1,17 @@
 """The chunked bf16 inference forward's state-side precision where the hardware rounds: the
-UT transform's products take tf32 operands there, which the interpreter only emulates (it
-truncates them), so the margins measured on the CPU are checked on the GPU.
+interpreter only emulates the GPU's tf32 products (it truncates their operands) and its
+bf16 conversions (:func:`vla_verify.runtime.round_interpreter_bf16_to_nearest`), so the margins
+measured on the CPU are checked on the GPU.
 
-Three schemes of the bf16 inference forward, set on the backend (as
+Four schemes of the bf16 inference forward, set on the backend (as
 ``benchmarks/prototypes/mixed_state_side.py`` sets them under the interpreter):
 
 - ``backend``: bf16 intermediates, the UT transform's products in tf32 (what it runs);
 - ``float32``: float32 intermediates, tf32 products (as training runs);
-- ``bf16``: the UT transform's products in bf16 operands too (planted: it must fail).
+- ``bf16``: the UT transform's products in bf16 operands too;
+- ``float16``: float16 intermediates and products (planted: it must fail; float16 holds
+  three more bits than bf16 but not its range, and the counterexample's queries, 3e-9 to
+  4e-7, are float16 subnormals).
 
 Steps, each written to ``OUT`` as it ends:
 
@@ -23,7 +27,8 @@ Usage (on a GPU)::
     python benchmarks/gpu/state_side_precision.py OUT.json [--seeds 0 1 2 3 4 5]
         [--examples 6] [--budget-s 400]
 
-Under ``TRITON_INTERPRET=1`` with ``--device cpu`` it runs step 1 only (the tests do).
+Under ``TRITON_INTERPRET=1`` with ``--device cpu``, or with ``--counterexample-only``, it runs
+step 1 only (the tests do).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTEREXAMPLE = ROOT / "tests" / "data" / "triton_chunked_bf16_state_carry.npz"
-SCHEMES = ("backend", "float32", "bf16")
+SCHEMES = ("backend", "float32", "bf16", "float16")
 
 
 @contextmanager
@@ -59,6 +64,8 @@ def scheme(name: str) -> Iterator[None]:
             tc._state_dtype = lambda dtype, training: torch.float32  # type: ignore[assignment]
         if name == "bf16":
             tc._UT_OPERAND_DTYPE = torch.bfloat16
+        if name == "float16":
+            tc._state_dtype = lambda dtype, training: torch.float16  # type: ignore[assignment]
         yield
     finally:
         tc._state_dtype, tc._UT_OPERAND_DTYPE = saved
@@ -137,8 +144,10 @@ def validate_rows(examples: int, device: str, deadline: float) -> dict[str, Any]
 
 
 def run(out_path: Path, *, device: str, seeds: list[int], examples: int, budget_s: float,
-        write: Callable[[Path, dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Every step on ``device`` (step 1 only on the CPU), ``OUT`` written after each."""
+        write: Callable[[Path, dict[str, Any]], None] | None = None,
+        counterexample_only: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Every step on ``device`` (step 1 only on the CPU or with ``counterexample_only``),
+    ``OUT`` written after each."""
     from vla_verify.bench import machine_info
 
     write = write or (lambda p, d: p.write_text(json.dumps(d, indent=1)))
@@ -147,7 +156,7 @@ def run(out_path: Path, *, device: str, seeds: list[int], examples: int, budget_
     res["counterexample"] = counterexample(device)
     print("counterexample", res["counterexample"], flush=True)
     write(out_path, res)
-    if device == "cpu":
+    if device == "cpu" or counterexample_only:
         return res
     res["conformance"] = conformance_rows(seeds, deadline)
     write(out_path, res)
@@ -164,8 +173,10 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="start no step after this many seconds")  # fmt: skip
+    ap.add_argument("--counterexample-only", action="store_true", help="step 1 only")
     a = ap.parse_args()
-    run(a.out, device=a.device, seeds=a.seeds, examples=a.examples, budget_s=a.budget_s)
+    run(a.out, device=a.device, seeds=a.seeds, examples=a.examples, budget_s=a.budget_s,
+        counterexample_only=a.counterexample_only)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """What the Triton registry backends share (:mod:`.triton_fused`, :mod:`.triton_chunked`):
-whether their kernels can run here, the CPU-interpreter rule, and the opt-in NaN/Inf checks.
+whether their kernels can run here, the CPU-interpreter rule (with the interpreter's bf16
+conversions rounded to nearest, :func:`~vla_verify.runtime.round_interpreter_bf16_to_nearest`),
+and the opt-in NaN/Inf checks.
 
 Imported only by those backends (it imports torch), never at ``import vla_verify``.
 """
@@ -12,8 +14,13 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedConfigurationError
+from ..runtime import round_interpreter_bf16_to_nearest
 from ..spec import VLAConfig
 from .registry import Backend
+
+# Under the interpreter the kernels' bf16 conversions round as the GPU's do, whoever calls them
+# (the command line and the tests install the same; without it the interpreter truncates).
+round_interpreter_bf16_to_nearest()
 
 
 def built_for_interpreter(kernel: Any) -> bool:
