@@ -35,16 +35,12 @@ def test_the_default_plan_and_the_pieces_fit(tmp_path: Path) -> None:
     kernels = {r["kernel"] for r in rows}
     assert {"vla_state_bwd_chunk_kernel", "vla_penalty_bwd_scan_kernel",
             "vla_penalty_bwd_piece_kernel"} <= kernels  # fmt: skip
-    # The forward's state kernels are built too: the UT transform with float32 operands, the
-    # state chain and the read-out with bf16 intermediates (the bf16 inference forward) and
-    # with float32 ones (training).
-    assert {"state_prep_kernel", "state_starts_kernel", "state_output_kernel"} <= kernels
-
-    def ops(name: str) -> set[str]:
-        return {r["constexprs"].get("OP") for r in rows if r["kernel"] == name}
-
-    assert ops("state_prep_kernel") == {"fp32"}
-    assert ops("state_starts_kernel") == ops("state_output_kernel") == {"bf16", "fp32"}
+    # The forward's state kernels are built too, with bf16 intermediates and products (the
+    # bf16 inference forward) and with float32 ones (training).
+    kernels_of_the_state = ("state_prep_kernel", "state_starts_kernel", "state_output_kernel")
+    assert set(kernels_of_the_state) <= kernels
+    for name in kernels_of_the_state:
+        assert {r["constexprs"].get("OP") for r in rows if r["kernel"] == name} == {"bf16", "fp32"}
     assert code == 0 and all(r["fits"] and r["shared"] > 0 for r in rows), rows
 
 

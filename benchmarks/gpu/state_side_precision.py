@@ -3,12 +3,11 @@ interpreter only emulates the GPU's tf32 products (it truncates their operands) 
 bf16 conversions (:func:`vla_verify.runtime.round_interpreter_bf16_to_nearest`), so the margins
 measured on the CPU are checked on the GPU.
 
-Four schemes of the bf16 inference forward, set on the backend (as
+Three schemes of the bf16 inference forward, set on the backend (as
 ``benchmarks/prototypes/mixed_state_side.py`` sets them under the interpreter):
 
-- ``backend``: bf16 intermediates, the UT transform's products in tf32 (what it runs);
+- ``backend``: bf16 intermediates and products (what it runs);
 - ``float32``: float32 intermediates, tf32 products (as training runs);
-- ``bf16``: the UT transform's products in bf16 operands too;
 - ``float16``: float16 intermediates and products (planted: it must fail; float16 holds
   three more bits than bf16 but not its range, and the counterexample's queries, 3e-9 to
   4e-7, are float16 subnormals).
@@ -18,17 +17,18 @@ Steps, each written to ``OUT`` as it ends:
 1. the carry counterexample of ``tests/data`` (which the conformance search of
    ``vla-verify run`` shrank to) replayed on ``--device`` with each scheme;
 2. the conformance search of ``vla-verify run`` for ``triton_chunked`` (its bf16 row) at each
-   of ``--seeds``, with the backend's scheme;
+   of ``--seeds``, with each of ``--conformance-schemes`` (default: the backend's);
 3. :func:`vla_verify.validate` in bf16 for the paper and exact presets at keys 64 and 128
    wide (the checker's default reach, ``--examples`` each), with the backend's scheme.
 
 Usage (on a GPU)::
 
     python benchmarks/gpu/state_side_precision.py OUT.json [--seeds 0 1 2 3 4 5]
-        [--examples 6] [--budget-s 400]
+        [--examples 6] [--budget-s 400] [--conformance-schemes backend float32]
+        [--counterexample-only]
 
-Under ``TRITON_INTERPRET=1`` with ``--device cpu``, or with ``--counterexample-only``, it runs
-step 1 only (the tests do).
+Under ``TRITON_INTERPRET=1`` with ``--device cpu`` it runs steps 1 and 2 (the tests run step 1:
+``seeds`` empty).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTEREXAMPLE = ROOT / "tests" / "data" / "triton_chunked_bf16_state_carry.npz"
-SCHEMES = ("backend", "float32", "bf16", "float16")
+SCHEMES = ("backend", "float32", "float16")
 
 
 @contextmanager
@@ -58,17 +58,15 @@ def scheme(name: str) -> Iterator[None]:
 
     if name not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {name!r}")
-    saved = tc._state_dtype, tc._UT_OPERAND_DTYPE
+    saved = tc._state_dtype
     try:
         if name == "float32":
             tc._state_dtype = lambda dtype, training: torch.float32  # type: ignore[assignment]
-        if name == "bf16":
-            tc._UT_OPERAND_DTYPE = torch.bfloat16
         if name == "float16":
             tc._state_dtype = lambda dtype, training: torch.float16  # type: ignore[assignment]
         yield
     finally:
-        tc._state_dtype, tc._UT_OPERAND_DTYPE = saved
+        tc._state_dtype = saved
 
 
 def _on_device(path: Path, device: str, into: Path) -> Path:
@@ -145,9 +143,10 @@ def validate_rows(examples: int, device: str, deadline: float) -> dict[str, Any]
 
 def run(out_path: Path, *, device: str, seeds: list[int], examples: int, budget_s: float,
         write: Callable[[Path, dict[str, Any]], None] | None = None,
-        counterexample_only: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Every step on ``device`` (step 1 only on the CPU or with ``counterexample_only``),
-    ``OUT`` written after each."""
+        counterexample_only: bool = False,
+        conformance_schemes: tuple[str, ...] = ("backend",)) -> dict[str, Any]:  # fmt: skip
+    """Every step on ``device`` (on the CPU steps 1 and 2; with ``counterexample_only`` step 1;
+    step 2 with each of ``conformance_schemes``), ``OUT`` written after each."""
     from vla_verify.bench import machine_info
 
     write = write or (lambda p, d: p.write_text(json.dumps(d, indent=1)))
@@ -156,10 +155,15 @@ def run(out_path: Path, *, device: str, seeds: list[int], examples: int, budget_
     res["counterexample"] = counterexample(device)
     print("counterexample", res["counterexample"], flush=True)
     write(out_path, res)
-    if device == "cpu" or counterexample_only:
+    if counterexample_only:
         return res
-    res["conformance"] = conformance_rows(seeds, deadline)
-    write(out_path, res)
+    res["conformance"] = {}
+    for name in conformance_schemes:
+        with scheme(name):
+            res["conformance"][name] = conformance_rows(seeds, deadline)
+        write(out_path, res)
+    if device == "cpu":
+        return res
     res["validate"] = validate_rows(examples, device, deadline)
     write(out_path, res)
     return res
@@ -174,9 +178,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="start no step after this many seconds")  # fmt: skip
     ap.add_argument("--counterexample-only", action="store_true", help="step 1 only")
+    ap.add_argument("--conformance-schemes", nargs="+", choices=SCHEMES, default=["backend"],
+                    help="the schemes of step 2 (default: the backend's)")  # fmt: skip
     a = ap.parse_args()
     run(a.out, device=a.device, seeds=a.seeds, examples=a.examples, budget_s=a.budget_s,
-        counterexample_only=a.counterexample_only)  # fmt: skip
+        counterexample_only=a.counterexample_only,
+        conformance_schemes=tuple(a.conformance_schemes))  # fmt: skip
 
 
 if __name__ == "__main__":

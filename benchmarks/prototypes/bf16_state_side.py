@@ -15,8 +15,7 @@ Roundings: ``float32`` (none), ``tf32`` (10 mantissa bits, round to nearest even
 (7), and ``e3`` (3), a planted coarse rounding that the comparison must reject.
 
 ``triton_chunked`` takes the dtype of those intermediates from one function,
-``_state_dtype``; its state chain and read-out multiply in that dtype, its UT transform in
-``_UT_OPERAND_DTYPE`` (float32: bf16 operands there fail a case of ``tests/data``).  It
+``_state_dtype``; its UT transform, state chain and read-out multiply in that dtype.  It
 keeps bf16 inputs' intermediates in bf16 in inference.
 ``python benchmarks/prototypes/bf16_state_side.py --gpu OUT`` runs the kernel with bf16
 intermediates in training too and, on a GPU, first validates it so

@@ -18,11 +18,10 @@ and every ``start`` runs exactly (spec §2.3: the nudge fires after step t of th
 
 Precision.  Inputs are float32, bfloat16 or float16; the state chain's products accumulate in
 float32.  In the inference forward of bf16 inputs the stored intermediates are bf16 and the
-state chain's and the read-out's products take bf16 operands; the UT transform's products take
-float32 operands whatever the intermediates (:func:`_state_dtype`, ``_UT_OPERAND_DTYPE``).
-Otherwise the intermediates are float32: tf32 products for 16-bit inputs and, for float32
-inputs,
-``input_precision`` ``"ieee"`` (default) or ``"tf32"`` (faster, 10-bit mantissa operands).  The
+state side's products (the UT transform's, the state chain's, the read-out's) take bf16
+operands (:func:`_state_dtype`).  Otherwise the intermediates are float32: tf32 products for
+16-bit inputs and, for float32 inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"``
+(faster, 10-bit mantissa operands).  The
 penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
 re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
 measured outside the spec §4 budget on strong penalties (``docs/design/triton_chunked.md``);
@@ -596,27 +595,22 @@ def _symmetric_positive_definite(A: torch.Tensor) -> bool:
     return bool((torch.linalg.cholesky_ex(0.5 * (A + A.mT)).info == 0).all())
 
 
-#: The UT transform's product operands (the forward's comment at its launch).
-_UT_OPERAND_DTYPE = torch.float32
-
-
 def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     """The dtype of the state side's stored intermediates (the gates, ``K̃``, ``Ṽ``, ``E``, the
-    chunk-start ``S``) and of its products' operands, for inputs of ``dtype`` in training or
-    not (design doc, "What runs"): bf16 in the inference forward of bf16 inputs, as fla's
-    kernels keep theirs, float32 (tf32 products for 16-bit inputs) otherwise; the backward
-    reads the gates and the chunk-start states, so training keeps float32.
+    chunk-start ``S``) and of its products' operands (the UT transform's, the state chain's
+    and the read-out's), for inputs of ``dtype`` in training or not (design doc, "What
+    runs"): bf16 in the inference forward of bf16 inputs, as fla's kernels keep theirs,
+    float32 (tf32 products for 16-bit inputs) otherwise; the backward reads the gates and the
+    chunk-start states, so training keeps float32.
 
-    The UT transform's products take float32 operands whatever this returns
-    (``_UT_OPERAND_DTYPE``): with bf16 operands there too, the conformance search of
-    ``vla-verify run`` (seed 0) found a case, tiny queries on positive keys with the state
-    carried across a cut, at 1.05 of the spec §4 bf16 budget
-    (``tests/data/triton_chunked_bf16_state_carry.npz``; float32 intermediates 0.20, this
-    scheme 0.46, under the interpreter with tf32 operands truncated as the tensor cores take
-    them: ``benchmarks/results/cpu/mixed_state_side_truncated.json``).  Side by side on one H100
-    (B = 1, H = 16, paper preset, T = 16384, two rounds), the bf16 inference forward takes
-    2.39 / 2.40 ms against 2.62 / 2.62 with float32 intermediates at D = 64 and 7.35 / 7.39
-    against 7.83 / 7.81 at D = 128 (``h100/forward_patches_7a12987.json``)."""
+    Side by side on one H100 (B = 1, H = 16, paper preset, T = 16384, two rounds), the bf16
+    inference forward takes 2.33 / 2.34 ms against 2.40 / 2.40 with the UT transform's
+    products in tf32 at D = 64 and 7.25 / 7.25 against 7.34 / 7.38 at D = 128
+    (``h100/ut_operands_7e50d46.json``), and 2.39 / 2.40 (UT in tf32) against 2.62 / 2.62 with
+    float32 intermediates at D = 64 (``h100/forward_patches_7a12987.json``).  On the carry
+    counterexample of ``tests/data`` (tiny queries on positive keys, the state carried across a
+    cut) it errs by 0.42 of the spec §4 bf16 budget, on the H100 and in the interpreter alike
+    (tf32 UT products 0.46, float32 intermediates 0.13)."""
     if dtype == torch.bfloat16 and not training:
         return torch.bfloat16
     return torch.float32
@@ -776,8 +770,8 @@ def _forward(
     # The read-out normaliser's z at each chunk's start, in the inputs' layout, and at the end.
     z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
     z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
-    # Float32 operands of the state side's products (where the intermediates are float32, and
-    # the UT transform's always): tf32 for 16-bit inputs, whose spec §4 budget is set by the
+    # Float32 operands of the state side's products (where the intermediates are float32):
+    # tf32 for 16-bit inputs, whose spec §4 budget is set by the
     # low-precision oracle, far above tf32's rounding; the caller's input_precision for
     # float32 inputs.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
@@ -789,13 +783,9 @@ def _forward(
         # products a chunk), then every chunk's read-out at once.  With a flag, only where set.
         cond = {"COND": flag is not None, "OP": _tl_dtype(sd), "PREC": prec}
         fl = gates if flag is None else flag
-        # The UT transform's products take float32 operands (tf32 for 16-bit inputs) whatever
-        # the intermediates' dtype: near-parallel keys make (I + N)^{-1} ill-conditioned, and
-        # bf16 operands there put the carry counterexample at 1.05 of the bf16 budget.
         kernels.state_prep_kernel[(TP // C, BH)](
             k, v, gates, Kt, Vt, z_chunks, params, fl, T, H, H * dk, dk, H * dv, dv,
-            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps,
-            **{**cond, "OP": _tl_dtype(_UT_OPERAND_DTYPE)},
+            DK=dk, DV=dv, BK=BK, BV=BV, C=C, TP=TP, BUG=bug, num_warps=prep_warps, **cond,
         )  # fmt: skip
         kernels.state_starts_kernel[(BH, BV // bvb + 1)](
             gates, Kt, Vt, S0, S_chunks, E_buf, S_out, gates if z0 is None else z0,
