@@ -21,11 +21,11 @@ float32.  In the inference forward of bf16 inputs the stored intermediates are b
 state side's products (the UT transform's, the state chain's, the read-out's) take bf16
 operands (:func:`_state_dtype`).  Otherwise the intermediates are float32: tf32 products for
 16-bit inputs and, for float32 inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"``
-(faster, 10-bit mantissa operands).  The
-penalty chain runs in ``penalty_dtype``: float64 by default, since a float32 Woodbury chain
-re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
-measured outside the spec §4 budget on strong penalties (``docs/design/triton_chunked.md``);
-float32 stays available for layer-like penalties.  The state comes back in float32.
+(faster, 10-bit mantissa operands).  The penalty chain runs in ``penalty_dtype``: float64 by
+default, since a float32 Woodbury chain re-derives every ``A_t`` from the chunk-start ``A`` and
+cancels at that scale, which was measured outside the spec §4 budget on strong penalties
+(``docs/design/triton_chunked.md``); float32 stays available for layer-like penalties.  The
+state comes back in float32.
 
 Gradients.  The backward is the adjoint of the recurrence (spec §2.3) by the recurrent kernels
 of :mod:`.triton_fused`, started from checkpoints that this forward keeps when an input needs a
@@ -771,9 +771,8 @@ def _forward(
     z_chunks = torch.empty(B, NCk, H, dk, dtype=f32, device=dev)
     z_out = torch.empty(B, H, dk, dtype=f32, device=dev)
     # Float32 operands of the state side's products (where the intermediates are float32):
-    # tf32 for 16-bit inputs, whose spec §4 budget is set by the
-    # low-precision oracle, far above tf32's rounding; the caller's input_precision for
-    # float32 inputs.
+    # tf32 for 16-bit inputs, whose spec §4 budget is set by the low-precision oracle, far
+    # above tf32's rounding; the caller's input_precision for float32 inputs.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
     bvb = min(BV, 32)
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
