@@ -549,3 +549,50 @@ def test_ordinary_inputs_keep_the_float64_reference() -> None:
         assert measured is None and got.diagnostics is not None
         np.testing.assert_array_equal(got.o, raw.o)
         assert np.all(scales["A"] >= 1 / VLAConfig().lambda0)
+
+
+def test_a_zero_error_against_a_zero_budget_is_a_ratio_of_zero() -> None:
+    """Known answers of the ratio where the budget is zero (the same-precision oracle exact, its
+    scale zero): an exact output is at 0 of it and passes, any error is at infinity and
+    fails; an output that is not finite is at infinity whatever the budget."""
+    from vla_verify.error_model import compare
+
+    ref = np.zeros((1, 2, 1, 3))
+    exact = compare("o", ref.copy(), ref, ref.copy(), "float16")
+    assert exact.ratio == 0.0 and exact.passed
+    off = ref.copy()
+    off[0, 1, 0, 2] = 1e-30
+    wrong = compare("o", off, ref, ref.copy(), "float16")
+    assert wrong.ratio == np.inf and not wrong.passed
+    off[0, 1, 0, 2] = np.nan
+    assert compare("o", off, ref, ref.copy(), "float16").ratio == np.inf
+
+
+def test_a_query_that_underflows_in_float16_is_judged_with_a_finite_ratio() -> None:
+    """One token whose query (2e-8) is zero in float16: the outputs and the float16 oracle's
+    are exactly zero, so the budget of ``o`` is zero; the example is judged at a finite ratio
+    (a NaN ratio there stopped ``validate`` inside Hypothesis' ``target``), and an output off
+    there by float16's smallest subnormal fails."""
+    from vla_verify.properties.strategies import Case
+    from vla_verify.validation import _evaluate
+
+    one = np.ones((1, 1, 1, 1))
+    case = Case(q=2.07857918e-08 * one, k=-0.56282334 * one, v=0.0421181 * one, u=one,
+                initial_state=None, split=1, regimes={}, seed=33)  # fmt: skip
+    config = VLAConfig(normalize_output=False)
+    oracle = backends.get("numpy")
+
+    def run(fn):
+        return _evaluate(fn, case, config=config, variant="vla", array="numpy", dtype="float16",
+                         device="cpu", factor=2.0, check_carry=True, chunk_size=None,
+                         takes_start=True)  # fmt: skip
+
+    exact = run(oracle)
+    assert exact.status == "judged" and exact.failure is None
+    assert np.isfinite(exact.ratio) and exact.ratio <= 1  # that of S; o's is 0
+
+    def off_by_the_smallest_subnormal(q, k, v, u, *, config, initial_state=None, start=0):
+        o, state = oracle(q, k, v, u, config=config, initial_state=initial_state, start=start)
+        return o + np.float16(2.0**-24), state
+
+    assert run(off_by_the_smallest_subnormal).failure is not None

@@ -98,9 +98,13 @@ class SliceComparison:
 
     @property
     def ratio(self) -> float:
-        """Worst error/budget over slices (> 1 fails; inf for non-finite output)."""
+        """Worst error/budget over slices (> 1 fails; inf for non-finite output, 0 where a
+        zero error meets a zero budget: an output exact where even the same-precision oracle
+        is, as a query that underflows to zero makes it)."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(self.budget > 0, self.error / self.budget, np.inf * (self.error > 0))
+            r = np.where(
+                self.budget > 0, self.error / self.budget, np.where(self.error > 0, np.inf, 0.0)
+            )
         r = np.where(np.isfinite(self.error), r, np.inf)
         return float(np.max(r)) if r.size else 0.0
 
