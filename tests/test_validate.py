@@ -596,3 +596,61 @@ def test_a_query_that_underflows_in_float16_is_judged_with_a_finite_ratio() -> N
         return o + np.float16(2.0**-24), state
 
     assert run(off_by_the_smallest_subnormal).failure is not None
+
+
+def test_the_overflow_thresholds_are_where_the_dtypes_round_to_infinity() -> None:
+    """Just below each threshold a number rounds to a finite value, at it to infinity (NumPy
+    rounds float64 to float16 and float32 once; bf16 from the float32 neighbours, as the
+    thresholds of bf16 are float32 numbers)."""
+    import torch
+
+    from vla_verify.validation import OVERFLOW_THRESHOLD
+
+    with np.errstate(over="ignore"):
+        for name, dtype in (("float16", np.float16), ("float32", np.float32)):
+            limit = OVERFLOW_THRESHOLD[name]
+            assert np.isfinite(dtype(np.nextafter(limit, 0.0))), name
+            assert np.isinf(dtype(limit)), name
+    limit = np.float32(OVERFLOW_THRESHOLD["bfloat16"])
+    pair = torch.tensor([np.nextafter(limit, np.float32(0)), limit]).to(torch.bfloat16)
+    assert torch.isfinite(pair[0]) and torch.isinf(pair[1])
+
+
+def test_an_exact_result_beyond_the_dtypes_range_is_outside_the_envelope(monkeypatch) -> None:
+    """Known answer: one token whose exact output is 8e4 (``v / out_eps``), beyond float16's
+    largest finite value: correctly rounded it is infinite, so the example is outside float16's
+    envelope even where the same-precision oracle stays finite (a stand-in run in float32
+    here; on a case the search found, rounding every operation in float16 kept it at 58400
+    where the exact value was 65592); in float32 the same example is judged and passes."""
+    from vla_verify import validation
+    from vla_verify.backends.numpy_oracle import recurrence
+    from vla_verify.properties.strategies import Case
+
+    one = np.ones((1, 1, 1, 1))
+    case = Case(q=one, k=1e-5 * one, v=8 * one, u=one, initial_state=None, split=1, regimes={},
+                seed=0)  # fmt: skip
+    real = validation.same_precision_runs
+
+    def finite_stand_in(*args, **kwargs):
+        return real(*args, **{**kwargs, "dtype": "float32"})
+
+    monkeypatch.setattr(validation, "same_precision_runs", finite_stand_in)
+
+    def exact_then_rounded(q, k, v, u, *, config, initial_state=None):
+        r = recurrence(*(x.astype(np.float64) for x in (q, k, v, u)), config=config)
+        with np.errstate(over="ignore"):
+            return r.o.astype(q.dtype), tuple(x.astype(q.dtype) for x in r.state)
+
+    def run(dtype: str):
+        return validation._evaluate(
+            exact_then_rounded, case, config=VLAConfig(), variant="vla", array="numpy",
+            dtype=dtype, device="cpu", factor=2.0, check_carry=False, chunk_size=None,
+            takes_start=False,
+        )  # fmt: skip
+
+    drawn = (case.q, case.k, case.v, case.u)
+    o16, _ = exact_then_rounded(*(x.astype(np.float16) for x in drawn), config=VLAConfig())
+    assert np.isinf(o16).all()
+    assert run("float16").status == "outside"
+    judged = run("float32")
+    assert judged.status == "judged" and judged.failure is None

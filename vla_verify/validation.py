@@ -246,6 +246,22 @@ def _finite(arrays: Any) -> bool:
     return all(np.all(np.isfinite(a)) for a in arrays)
 
 
+#: The magnitude from which a real number rounds to infinity in each dtype: the largest finite
+#: value plus half its spacing (``(2 − 2^−p)·2^emax`` for ``p`` significant bits).
+OVERFLOW_THRESHOLD = {
+    "float16": (2.0 - 2.0**-11) * 2.0**15,
+    "bfloat16": (2.0 - 2.0**-8) * 2.0**127,
+    "float32": (2.0 - 2.0**-24) * 2.0**127,
+    "float64": math.inf,
+}
+
+
+def _representable(arrays: Any, dtype: str) -> bool:
+    """Whether every entry of the float64 ``arrays`` rounds to a finite number in ``dtype``."""
+    limit = OVERFLOW_THRESHOLD.get(dtype, math.inf)
+    return all(np.all(np.abs(a) < limit) for a in arrays)
+
+
 # -- the reference: every oracle call of the checker goes through here ------------------------
 
 
@@ -552,7 +568,8 @@ def carry_cut(split: int, T: int, period: int | None, *, takes_start: bool = Fal
 
 @dataclass
 class _Outcome:
-    status: str  # "judged" | "outside" (the oracle is not finite) | "beyond" (IllConditioned)
+    status: str  # "judged" | "outside" (an oracle not finite, or the exact result beyond the
+    # dtype's range) | "beyond" (IllConditioned)
     failure: Failure | None = None
     ratio: float = 0.0
     note: str | None = None
@@ -603,6 +620,11 @@ def _evaluate(
     except _BeyondReach as exc:
         return _Outcome("beyond", note=str(exc))
     if not _finite([ref.o, *ref.state, *(x for r in base_runs for x in (r.o, *r.state))]):
+        return _Outcome("outside")
+    # An exact result beyond the dtype's range: correctly rounded, it is infinite, so no
+    # implementation in that precision can be judged on it (the same-precision oracle, which
+    # rounds every operation, can stay finite there by its own errors).
+    if not _representable([ref.o, *ref.state], dtype):
         return _Outcome("outside")
     B, T, H, dk, dv = case.shapes
     names = ("q", "k", "v", "u", "S0", "A0", "z0")
