@@ -54,6 +54,17 @@ def use_triton_interpreter_without_gpu() -> bool:
     return True
 
 
+def _running_interpreter() -> Any:
+    """Triton's interpreter module when ``TRITON_INTERPRET=1`` and it imports, else ``None``."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
+        return None
+    try:
+        from triton.runtime import interpreter
+    except Exception:
+        return None
+    return interpreter
+
+
 def fold_interpreter_reductions() -> bool:
     """Under Triton's interpreter (``TRITON_INTERPRET=1``), fold every reduction with a user
     combine function by slices instead of element by element; returns whether it is installed.
@@ -68,11 +79,8 @@ def fold_interpreter_reductions() -> bool:
     Python ``if`` on its arguments, which the interpreter would take as true for a whole
     slice) runs the interpreter's own fold.  Uses the interpreter's private class; where it is
     absent, nothing changes.  Must run after the variable is set."""
-    if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
-        return False
-    try:
-        from triton.runtime import interpreter
-    except Exception:
+    interpreter = _running_interpreter()
+    if interpreter is None:
         return False
     ops = getattr(interpreter, "ReduceOps", None)
     if ops is None or not all(hasattr(ops, n) for n in ("generic_reduce", "unravel", "to_tensor")):
@@ -166,11 +174,8 @@ def round_interpreter_bf16_to_nearest() -> bool:
     rounded once from its exact value (:func:`bf16_bits`); other conversions run as before.
     Uses the interpreter's private class; where it is absent, nothing changes.  Must run after
     the variable is set."""
-    if os.environ.get("TRITON_INTERPRET") != "1" or not _triton_installed():
-        return False
-    try:
-        from triton.runtime import interpreter
-    except Exception:
+    interpreter = _running_interpreter()
+    if interpreter is None:
         return False
     builder = getattr(interpreter, "InterpreterBuilder", None)
     if (
