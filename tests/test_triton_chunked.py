@@ -375,12 +375,37 @@ def test_block_starts_kernel_equals_the_products(dk: int, NB: int) -> None:
     got = torch.empty(NB, BH, 2 * dk, dk, dtype=torch.float64)
     got[0] = x0
     tc.kernels.penalty_block_starts_kernel[(BH, -(-dk // 16))](
-        Bm, got, NB, BH, dk, R=max(16, tc._pow2(2 * dk)), KB=32, NC=16
+        Bm, got, NB, BH, dk, 0, NB - 1, R=max(16, tc._pow2(2 * dk)), KB=32, NC=16
     )
     ref = chain(0)
     scale = float(ref.abs().max())
     assert float((got - ref).abs().max()) < 1e-13 * scale
     assert float((chain(1) - ref).abs().max()) > 1e-3 * scale
+
+
+def test_products_only_starts_stay_accurate_over_long_sequences(monkeypatch) -> None:
+    """Products-only starts over 32768 tokens at dk = 16 (the layer's penalties, paper
+    preset, 32 blocks of 1024): applied in spans of ``PRODUCTS_ONLY_SPAN_PER_KEY · dk`` tokens
+    they equal the normalised starts to float64 rounding, where applied over the whole
+    sequence they err past ``BLOCK_START_RTOL`` (the block-end check would fail)."""
+    T, dk, block = 32768, 16, 1024
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(1, T, dk, generator=g, dtype=torch.float64) @ torch.randn(
+        dk, dk, generator=g, dtype=torch.float64
+    )
+    u = p / p.norm(dim=-1, keepdim=True) / dk**0.5
+    A0 = torch.eye(dk, dtype=torch.float64)[None] / 0.1
+    walk = dict(start=0, nudge_period=20, nudge_eta=1e-3, block=block)
+    matrices = tc._block_matrices_by_trees(u, 0, 20, 1e-3, block)
+    ref = tc.penalty_block_starts(u, A0, normalise=True, matrices=matrices, **walk)
+
+    def rel() -> float:
+        got = tc.penalty_block_starts(None, A0, normalise=False, matrices=matrices, **walk)
+        return float(((got - ref).abs().amax(dim=(-2, -1)) / ref.abs().amax(dim=(-2, -1))).max())
+
+    assert rel() < 1e-12
+    monkeypatch.setattr(tc, "PRODUCTS_ONLY_SPAN_PER_KEY", T)
+    assert rel() > tc.BLOCK_START_RTOL
 
 
 def test_block_starts_without_directions_or_matrices_is_refused() -> None:

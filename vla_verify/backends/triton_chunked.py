@@ -197,6 +197,16 @@ _PENALTY_KERNEL_REGISTERS = 256
 #: chain's float64 rounding over a block is far below it; a start error at it is far below the
 #: float32 state's rounding.
 BLOCK_START_RTOL = 1e-9
+#: Products-only block starts (:func:`penalty_block_starts` with ``normalise=False``) apply the
+#: blocks' matrices without re-normalising over at most this many tokens per unit of key width,
+#: then take the next span from its first start solved.  Their error grows steeply with the
+#: span: on the layer's penalties (``‖u‖² = 1/dk``, random directions, paper preset; one span,
+#: 32 blocks, against the normalised starts) 3.9e-13 / 2.1e-11 / 2.4e-8 / 2.3 at dk = 16 over
+#: 8192 / 16384 / 32768 / 65536 tokens, 1.7e-13 / 1.7e-10 / 4.6e-5 at dk = 32 over 16384 /
+#: 32768 / 65536, 2.8e-13 / 6.7e-11 / 8.6e-6 at dk = 64 over 32768 / 65536 / 131072, 1.4e-13
+#: at dk = 128 over 65536: past ``512·dk`` tokens the block-end check fails and the forward
+#: runs its sequential second pass.
+PRODUCTS_ONLY_SPAN_PER_KEY = 512
 #: Bytes of float64 piece matrices that :func:`penalty_block_starts` holds at once.
 _PIECE_BYTES = 256 * 2**20
 
@@ -417,9 +427,10 @@ def penalty_block_starts(
     no product of many blocks' matrices (whose modes separate like ``(1 + √(η‖G‖))`` per
     period) is ever formed.  ``normalise=False`` applies the blocks' matrices to ``(A0; I)``
     block after block (``NB − 1`` dependent ``2dk × 2dk`` by ``2dk × dk`` products, one launch of
-    :func:`~.triton_chunked_kernels.penalty_block_starts_kernel`) and solves
-    once for all blocks: no solve per block, exact in exact arithmetic but open to the modes'
-    separation, so its caller checks the result (:func:`_forward`).  Without nudges
+    :func:`~.triton_chunked_kernels.penalty_block_starts_kernel` per span of
+    :data:`PRODUCTS_ONLY_SPAN_PER_KEY` ``· dk`` tokens, each span from its first start solved)
+    and solves once for all blocks: no solve per block, exact in exact arithmetic but open to
+    the modes' separation, so its caller checks the result (:func:`_forward`).  Without nudges
     the block starts are ``(A0^{-1} + Σ_{earlier blocks} UᵀU)^{-1}``, all at once.
 
     ``matrices`` ``[BH, NB, 2dk, 2dk]`` float64: the blocks' matrices, from
@@ -456,15 +467,22 @@ def penalty_block_starts(
     Bm = matrices
     if not normalise:
         # (Π; Θ) at every block start, block after block: (Π; Θ)_{b+1} = Bm_b (Π; Θ)_b from
-        # (A0; I), a 2dk × 2dk by 2dk × dk product per block, all in one launch.
+        # (A0; I), a 2dk × 2dk by 2dk × dk product per block, in one launch per span of
+        # PRODUCTS_ONLY_SPAN_PER_KEY · dk tokens, each span from its first start solved.
         XX = torch.empty(NB, BH, 2 * dk, dk, dtype=f64, device=dev)
         XX[0, :, :dk] = A0
         XX[0, :, dk:] = eye
+        Bm = Bm.contiguous()
         nc = 16
-        kernels.penalty_block_starts_kernel[(BH, math.ceil(dk / nc))](
-            Bm.contiguous(), XX, NB, BH, dk, R=max(16, _pow2(2 * dk)), KB=32, NC=nc,
-            num_warps=4 if dk <= 32 else 8,
-        )  # fmt: skip
+        per_span = max(1, PRODUCTS_ONLY_SPAN_PER_KEY * dk // block)
+        for b0 in range(0, NB - 1, per_span):
+            if b0 > 0:
+                XX[b0, :, :dk] = _solve_block_starts(XX[b0 : b0 + 1])[:, 0]
+                XX[b0, :, dk:] = eye
+            kernels.penalty_block_starts_kernel[(BH, math.ceil(dk / nc))](
+                Bm, XX, NB, BH, dk, b0, min(NB - 1, b0 + per_span), R=max(16, _pow2(2 * dk)),
+                KB=32, NC=nc, num_warps=4 if dk <= 32 else 8,
+            )  # fmt: skip
         return _solve_block_starts(XX)
     A = A0
     starts = [A0]

@@ -398,23 +398,26 @@ def penalty_block_starts_kernel(
     NB,
     BH,
     DK,
+    B0,  # the first block whose matrix is applied: x[B0] is given
+    B1,  # x[B0 + 1] to x[B1] are written
     R: tl.constexpr,  # rows of (Π; Θ) padded to a power of two
     KB: tl.constexpr,  # rows of (Π; Θ) per product
     NC: tl.constexpr,  # columns per program
 ):
-    """``(Π; Θ)`` at every block's start, block after block, ``x[b + 1] = m[:, b] x[b]``
-    (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts` without normalising): one
-    program per (b·h, ``NC`` of the ``DK`` columns), the ``NB − 1`` dependent ``2dk × 2dk`` by
-    ``2dk × NC`` float64 products in one launch instead of one launch per block.  Each column
-    of ``x[b + 1]`` depends on the same column of ``x[b]`` alone, so the programs never wait for
-    each other; a program reads back its own stores of the block before, after a barrier."""
+    """``(Π; Θ)`` at the starts of blocks ``B0 + 1`` to ``B1``, block after block,
+    ``x[b + 1] = m[:, b] x[b]`` (:func:`~vla_verify.backends.triton_chunked.penalty_block_starts`
+    without normalising): one program per (b·h, ``NC`` of the ``DK`` columns), the
+    ``B1 − B0`` dependent ``2dk × 2dk`` by ``2dk × NC`` float64 products in one launch instead
+    of one launch per block.  Each column of ``x[b + 1]`` depends on the same column of ``x[b]``
+    alone, so the programs never wait for each other; a program reads back its own stores of
+    the block before, after a barrier."""
     bh = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * NC + tl.arange(0, NC)
     orow = tl.arange(0, R)
     ok = tl.arange(0, KB)
     mrow = orow < 2 * DK
     mcol = col < DK
-    for b in range(NB - 1):
+    for b in range(B0, B1):
         mb = m_ptr + (bh * NB + b) * (4 * DK * DK)
         xb = x_ptr + (b * BH + bh) * (2 * DK * DK)
         acc = tl.zeros([R, NC], dtype=tl.float64)
