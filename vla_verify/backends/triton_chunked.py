@@ -200,12 +200,14 @@ BLOCK_START_RTOL = 1e-9
 #: Products-only block starts (:func:`penalty_block_starts` with ``normalise=False``) apply the
 #: blocks' matrices without re-normalising over at most this many tokens per unit of key width,
 #: then take the next span from its first start solved.  Their error grows steeply with the
-#: span: on the layer's penalties (``‖u‖² = 1/dk``, random directions, paper preset; one span,
-#: 32 blocks, against the normalised starts) 3.9e-13 / 2.1e-11 / 2.4e-8 / 2.3 at dk = 16 over
-#: 8192 / 16384 / 32768 / 65536 tokens, 1.7e-13 / 1.7e-10 / 4.6e-5 at dk = 32 over 16384 /
-#: 32768 / 65536, 2.8e-13 / 6.7e-11 / 8.6e-6 at dk = 64 over 32768 / 65536 / 131072, 1.4e-13
-#: at dk = 128 over 65536: past ``512·dk`` tokens the block-end check fails and the forward
-#: runs its sequential second pass.
+#: span (``benchmarks/results/cpu/block_start_spans.json``: the layer's penalties,
+#: ``‖u‖² = 1/dk``, random directions, paper preset, 32 blocks, against the normalised
+#: starts): over the whole sequence 2.6 and 1.7 at dk = 4 and 8 over 32768 tokens,
+#: 3.9e-13 / 2.1e-11 / 2.4e-8 / 2.3 at dk = 16 over 8192 / 16384 / 32768 / 65536,
+#: 1.7e-13 / 1.7e-10 / 4.6e-5 at dk = 32 over 16384 / 32768 / 65536, 2.8e-13 / 6.7e-11 /
+#: 8.6e-6 at dk = 64 over 32768 / 65536 / 131072, 1.4e-13 at dk = 128 over 65536, so that
+#: past about ``512·dk`` tokens the block-end check fails and the forward runs its sequential
+#: second pass; in spans of ``512·dk`` tokens at most 6.3e-13 in every case.
 PRODUCTS_ONLY_SPAN_PER_KEY = 512
 #: Bytes of float64 piece matrices that :func:`penalty_block_starts` holds at once.
 _PIECE_BYTES = 256 * 2**20
