@@ -7,10 +7,14 @@ blocks of ``T/32`` tokens, as the forward blocks long sequences), the largest re
 :func:`~vla_verify.backends.triton_chunked.penalty_block_starts` with ``normalise=False``
 against the normalised starts (one solve per block), with the products applied over the whole
 sequence (``one_span``) and in the backend's spans of ``PRODUCTS_ONLY_SPAN_PER_KEY · dk``
-tokens (``spans``); the forward's block-end check fails past ``BLOCK_START_RTOL``.  Usage::
+tokens (``spans``); the forward's block-end check fails past ``BLOCK_START_RTOL``.
+``--forward TxDK`` also runs the chunked forward end to end (float32 inputs, one head, the same
+penalties and blocks, positive queries and keys) both ways: its block-start fallbacks (the
+sequential second pass), ``o``'s largest error relative to the float64 oracle's largest
+``|o|`` and the interpreter's seconds.  Usage::
 
     TRITON_INTERPRET=1 python benchmarks/block_start_spans.py \
-        --json benchmarks/results/cpu/block_start_spans.json
+        --json benchmarks/results/cpu/block_start_spans.json --forward 32768x8
 """
 
 from __future__ import annotations
@@ -69,9 +73,40 @@ def case(T: int, dk: int) -> dict[str, Any]:
     return row
 
 
+def forward(T: int, dk: int) -> list[dict[str, Any]]:
+    """The chunked forward in spans and in one span (module docstring)."""
+    from vla_verify import VLAConfig
+    from vla_verify.backends.numpy_oracle import recurrence
+
+    rng = np.random.default_rng(1)
+    u = layer_penalties(T, dk)[:, :, None].float()
+    q, k = (torch.tensor(np.exp(0.5 * rng.standard_normal((1, T, 1, dk))), dtype=torch.float32)
+            for _ in range(2))  # fmt: skip
+    v = torch.tensor(rng.standard_normal((1, T, 1, dk)), dtype=torch.float32)
+    config = VLAConfig()
+    ref = recurrence(*(x.double().numpy() for x in (q, k, v, u)), config=config).o
+    rows = []
+    shipped = tc.PRODUCTS_ONLY_SPAN_PER_KEY
+    for name, span in (("spans", shipped), ("one_span", T)):
+        tc.PRODUCTS_ONLY_SPAN_PER_KEY = span
+        before, t0 = tc.BLOCK_START_FALLBACKS[0], time.perf_counter()
+        try:
+            o = tc.chunked_vla(q, k, v, u, config=config, penalty_block=T // 32)[0]
+        finally:
+            tc.PRODUCTS_ONLY_SPAN_PER_KEY = shipped
+        rows.append({"T": T, "dk": dk, "block": T // 32, "starts": name,
+                     "fallbacks": tc.BLOCK_START_FALLBACKS[0] - before,
+                     "o_relative_error": float(np.abs(o.double().numpy() - ref).max()
+                                               / np.abs(ref).max()),
+                     "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--forward", nargs="*", default=[], metavar="TxDK")
     a = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
@@ -79,8 +114,10 @@ def main() -> None:
         for T in lengths:
             rows.append(case(T, dk))
             print(json.dumps(rows[-1]), flush=True)
-    out = {"command": "TRITON_INTERPRET=1 python benchmarks/block_start_spans.py --json OUT",
-           "block_start_rtol": tc.BLOCK_START_RTOL, "rows": rows,
+    forwards = [r for f in a.forward for r in forward(*(int(n) for n in f.split("x")))]
+    out = {"command": "TRITON_INTERPRET=1 python benchmarks/block_start_spans.py --json OUT "
+                      + " ".join(["--forward", *a.forward] if a.forward else []),
+           "block_start_rtol": tc.BLOCK_START_RTOL, "rows": rows, "forward": forwards,
            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     a.json.write_text(json.dumps(out, indent=1) + "\n")
 
