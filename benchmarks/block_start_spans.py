@@ -35,10 +35,12 @@ CASES = ((4, (8192, 32768)), (8, (8192, 32768)), (16, (8192, 16384, 32768, 65536
          (32, (16384, 32768, 65536)), (64, (32768, 65536, 131072)), (128, (65536,)))  # fmt: skip
 
 
-def layer_penalties(T: int, dk: int, seed: int = 0) -> torch.Tensor:
+def layer_penalties(
+    T: int, dk: int, seed: int = 0, rng: np.random.Generator | None = None
+) -> torch.Tensor:
     """``u`` ``[1, T, dk]`` float64: random projections of Gaussian keys, normalised to
-    ``‖u‖² = 1/dk`` (spec §2.1)."""
-    rng = np.random.default_rng(seed)
+    ``‖u‖² = 1/dk`` (spec §2.1); drawn from ``rng`` where given, else from ``seed``."""
+    rng = np.random.default_rng(seed) if rng is None else rng
     p = rng.standard_normal((T, dk)) @ (rng.standard_normal((dk, dk)) / np.sqrt(dk)).T
     return torch.tensor(p / np.linalg.norm(p, axis=1, keepdims=True) / np.sqrt(dk))[None]
 

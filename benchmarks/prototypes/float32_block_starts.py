@@ -26,9 +26,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import block_start_spans as spans  # the layer's penalties, as the shipped constant's study
 
 #: (T, dk, tokens per block): the forward's default blocks at B·H = 16.
 SETTINGS = ((4096, 64, 256), (16384, 64, 512), (16384, 128, 2048), (65536, 64, 2048),
@@ -39,8 +43,7 @@ PENALTIES = ("layer", "layer_one_direction", "layer_four_directions", "gaussian"
 def penalties(kind: str, T: int, dk: int, rng: np.random.Generator) -> np.ndarray:
     """``u`` ``[T, dk]`` float64 of the named kind (module docstring)."""
     if kind == "layer":
-        p = rng.standard_normal((T, dk)) @ (rng.standard_normal((dk, dk)) / np.sqrt(dk)).T
-        return p / np.linalg.norm(p, axis=1, keepdims=True) / np.sqrt(dk)
+        return spans.layer_penalties(T, dk, rng=rng)[0].numpy()
     if kind == "layer_one_direction":
         return np.tile(np.eye(dk)[0] / np.sqrt(dk), (T, 1))
     if kind == "layer_four_directions":
