@@ -3,7 +3,8 @@ of the checkout this runs from, for comparing commits on one machine side by sid
 
 Run it from two checkouts in one session on the same GPU (B = 1, H = 16, bf16, paper preset;
 ``triton.testing.do_bench`` medians after its warm-up, each taken twice and the lower kept;
-the forward's device time summed over its kernels by torch.profiler, mean of five calls)::
+the forward's device time summed over its kernels by torch.profiler, mean of five calls;
+the number of the first forward's block-start fallbacks)::
 
     python benchmarks/gpu/chunked_timings.py OUT.json --label NAME [--sizes 64x4096 ...]
 
@@ -24,7 +25,7 @@ def _row(D: int, T: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from vla_verify import VLAConfig
-    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.backends.triton_chunked import BLOCK_START_FALLBACKS, chunked_vla
     from vla_verify.bench import _grad_op, _inputs, time_ms
 
     cfg = VLAConfig()
@@ -39,7 +40,10 @@ def _row(D: int, T: int) -> dict[str, Any]:
 
     leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
     fwdbwd = _grad_op(forward, leaves, x["do"])
+    before = BLOCK_START_FALLBACKS[0]
     row: dict[str, Any] = {"D": D, "T": T, "o_checksum": float(fwd().double().abs().sum())}
+    # The forwards whose block starts failed their check (and ran the sequential second pass).
+    row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
     for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
         row[f"{mode}_ms"] = min(time_ms(fn), time_ms(fn))
     torch.cuda.synchronize()
