@@ -7,6 +7,7 @@ the forward's device time summed over its kernels by torch.profiler, mean of fiv
 the number of the first forward's block-start fallbacks)::
 
     python benchmarks/gpu/chunked_timings.py OUT.json --label NAME [--sizes 64x4096 ...]
+        [--modes fwd fwdbwd]
 
 and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
 two checkouts that should compute the same numbers can be seen to.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _row(D: int, T: int) -> dict[str, Any]:
+def _row(D: int, T: int, modes: tuple[str, ...]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -39,13 +40,14 @@ def _row(D: int, T: int) -> dict[str, Any]:
         return chunked_vla(q, k, v, u, config=cfg)[0]
 
     leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
-    fwdbwd = _grad_op(forward, leaves, x["do"])
+    fwdbwd = _grad_op(forward, leaves, x["do"]) if "fwdbwd" in modes else fwd
     before = BLOCK_START_FALLBACKS[0]
     row: dict[str, Any] = {"D": D, "T": T, "o_checksum": float(fwd().double().abs().sum())}
     # The forwards whose block starts failed their check (and ran the sequential second pass).
     row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
     for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-        row[f"{mode}_ms"] = min(time_ms(fn), time_ms(fn))
+        if mode in modes:
+            row[f"{mode}_ms"] = min(time_ms(fn), time_ms(fn))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
@@ -65,11 +67,12 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--label", required=True)
     ap.add_argument("--sizes", nargs="+", default=["64x4096", "64x16384", "128x16384"])
+    ap.add_argument("--modes", nargs="+", choices=("fwd", "fwdbwd"), default=["fwd", "fwdbwd"])
     a = ap.parse_args()
     res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
     for size in a.sizes:
         D, T = (int(s) for s in size.split("x"))
-        row = _row(D, T)
+        row = _row(D, T, tuple(a.modes))
         res["rows"].append(row)
         print(a.label, json.dumps({k: v for k, v in row.items() if k != "fwd_kernels_ms"}),
               flush=True)  # fmt: skip
