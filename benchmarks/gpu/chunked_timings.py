@@ -7,7 +7,7 @@ the forward's device time summed over its kernels by torch.profiler, mean of fiv
 the number of the first forward's block-start fallbacks)::
 
     python benchmarks/gpu/chunked_timings.py OUT.json --label NAME [--sizes 64x4096 ...]
-        [--modes fwd fwdbwd]
+        [--modes fwd fwdbwd] [--penalty-dtypes float64 float32]
 
 and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
 two checkouts that should compute the same numbers can be seen to.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _row(D: int, T: int, modes: tuple[str, ...]) -> dict[str, Any]:
+def _row(D: int, T: int, modes: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -34,15 +34,16 @@ def _row(D: int, T: int, modes: tuple[str, ...]) -> dict[str, Any]:
     args = [x[n] for n in "qkvu"]
 
     def fwd() -> Any:
-        return chunked_vla(*args, config=cfg)[0]
+        return chunked_vla(*args, config=cfg, **options)[0]
 
     def forward(q: Any, k: Any, v: Any, u: Any) -> Any:
-        return chunked_vla(q, k, v, u, config=cfg)[0]
+        return chunked_vla(q, k, v, u, config=cfg, **options)[0]
 
     leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
     fwdbwd = _grad_op(forward, leaves, x["do"]) if "fwdbwd" in modes else fwd
     before = BLOCK_START_FALLBACKS[0]
-    row: dict[str, Any] = {"D": D, "T": T, "o_checksum": float(fwd().double().abs().sum())}
+    row: dict[str, Any] = {"D": D, "T": T, **options}
+    row["o_checksum"] = float(fwd().double().abs().sum())
     # The forwards whose block starts failed their check (and ran the sequential second pass).
     row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
     for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
@@ -68,14 +69,22 @@ def main() -> None:
     ap.add_argument("--label", required=True)
     ap.add_argument("--sizes", nargs="+", default=["64x4096", "64x16384", "128x16384"])
     ap.add_argument("--modes", nargs="+", choices=("fwd", "fwdbwd"), default=["fwd", "fwdbwd"])
+    ap.add_argument(
+        "--penalty-dtypes",
+        nargs="+",
+        choices=("float64", "float32"),
+        default=[None],
+        help="time each size with each penalty_dtype (default: the backend's)",
+    )
     a = ap.parse_args()
     res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
     for size in a.sizes:
         D, T = (int(s) for s in size.split("x"))
-        row = _row(D, T, tuple(a.modes))
-        res["rows"].append(row)
-        print(a.label, json.dumps({k: v for k, v in row.items() if k != "fwd_kernels_ms"}),
-              flush=True)  # fmt: skip
+        for pd in a.penalty_dtypes:
+            row = _row(D, T, tuple(a.modes), {} if pd is None else {"penalty_dtype": pd})
+            res["rows"].append(row)
+            print(a.label, json.dumps({k: v for k, v in row.items() if k != "fwd_kernels_ms"}),
+                  flush=True)  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1))
 
