@@ -8,7 +8,10 @@ the number of the first forward's block-start fallbacks)::
 
     python benchmarks/gpu/chunked_timings.py OUT.json --label NAME [--sizes 64x4096 ...]
         [--modes fwd fwdbwd] [--penalty-dtypes float64 float32]
+        [--anchors fla_chunk_delta fla_chunk_dplr sdpa]
 
+``--anchors`` times those ops of ``vla_verify.bench`` on the same inputs in the same process,
+so that the chunked kernel's ratios to them are side by side (``anchor_rows``).
 and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
 two checkouts that should compute the same numbers can be seen to.
 """
@@ -61,6 +64,22 @@ def _row(D: int, T: int, modes: tuple[str, ...], options: dict[str, Any]) -> dic
     return row
 
 
+def _anchor_rows(D: int, T: int, modes: tuple[str, ...], anchors: list[str]) -> list[dict]:
+    import torch
+
+    from vla_verify.bench import _inputs, make_ops, time_ms
+
+    ops = make_ops(_inputs(1, T, 16, D, torch.bfloat16, "cuda"), ops=anchors)
+    rows = []
+    for op in anchors:
+        row: dict[str, Any] = {"D": D, "T": T, "op": op}
+        for mode in modes:
+            if (op, mode) in ops:
+                row[f"{mode}_ms"] = min(time_ms(ops[op, mode]), time_ms(ops[op, mode]))
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     from vla_verify.bench import machine_info
 
@@ -76,8 +95,11 @@ def main() -> None:
         default=[None],
         help="time each size with each penalty_dtype (default: the backend's)",
     )
+    ap.add_argument("--anchors", nargs="*", default=[], help="ops of vla_verify.bench to time too")
     a = ap.parse_args()
     res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
+    if a.anchors:
+        res["anchor_rows"] = []
     for size in a.sizes:
         D, T = (int(s) for s in size.split("x"))
         for pd in a.penalty_dtypes:
@@ -85,8 +107,13 @@ def main() -> None:
             res["rows"].append(row)
             print(a.label, json.dumps({k: v for k, v in row.items() if k != "fwd_kernels_ms"}),
                   flush=True)  # fmt: skip
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1))
+        if a.anchors:
+            for row in _anchor_rows(D, T, tuple(a.modes), a.anchors):
+                res["anchor_rows"].append(row)
+                print(a.label, json.dumps(row), flush=True)
+        # Written after every size, so that a run cut short keeps what it measured.
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
