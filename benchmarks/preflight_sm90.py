@@ -120,11 +120,13 @@ def record(
             if run == "fused":
                 o, _ = tf.fused_recurrent_vla(*xs, config=cfg)
             else:
-                o, _ = tc.chunked_vla(*xs, config=cfg, penalty_dtype="float64")
+                o, _ = tc.chunked_vla(*xs, config=cfg)
             torch.autograd.grad(o.float().sum(), xs)
-        # The inference forward builds its own kernels (bf16 state-side intermediates).
+        # The inference forward builds its own kernels (bf16 state-side intermediates, the
+        # float32 penalty chain) and, where a caller asks for it, the float64 chain.
         with torch.no_grad():
-            tc.chunked_vla(*x, config=cfg, penalty_dtype="float64")
+            for penalty_dtype in ("auto", "float64"):
+                tc.chunked_vla(*x, config=cfg, penalty_dtype=penalty_dtype)
     out.write_text(json.dumps(launches))
 
 

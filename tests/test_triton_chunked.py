@@ -491,6 +491,41 @@ def test_the_block_end_check_catches_wrong_block_starts() -> None:
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
 
 
+def test_float32_chain_checks_its_block_starts_at_its_own_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The float32 chain (``penalty_dtype="float32"``) starts from the float64 products-only
+    block starts and checks its block ends against them at ``FLOAT32_CHAIN_RTOL_PER_TOKEN``
+    per token of a block: with bf16 inputs on the layer's penalties the check passes and the
+    output is within the bf16 budget; from wrong starts (without the nudges, or every block
+    from ``A_0``) it fails, the second pass runs the float32 chain in one block, and the output
+    is within the budget again; with the tolerance lifted the wrong starts' output is not."""
+    inputs, _ = _inputs(160, 16, 16, seed=3)
+
+    def fn(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*args, chunk_size=16, penalty_block=32, penalty_dtype="float32",
+                              **kwargs)  # fmt: skip
+
+    def planted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return fn(*args, planted_bug="block_starts_without_nudges", **kwargs)
+
+    bf16 = torch.bfloat16
+    before = tc.BLOCK_START_FALLBACKS[0]
+    assert _outside_budget(fn, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+    real = tc.penalty_block_starts
+    monkeypatch.setattr(tc, "penalty_block_starts",
+                        lambda *a, **kw: real(*a, **kw)[:, :1].expand(-1, 5, -1, -1))  # fmt: skip
+    assert _outside_budget(fn, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) == []
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 2
+    monkeypatch.setattr(tc, "FLOAT32_CHAIN_RTOL_PER_TOKEN", 1.0)
+    assert _outside_budget(fn, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) != []
+    monkeypatch.setattr(tc, "penalty_block_starts", real)
+    assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) != []
+
+
 def test_training_forward_in_blocks_passes_the_check_as_inference_does() -> None:
     """The training forward (inputs that need gradients: its kernels also store what the
     backward reads) in blocks of 16 tokens passes the block-start check where the inference
@@ -606,6 +641,31 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(NonFiniteError) as info:
         tc.chunked_vla(x, bad, x, x, check_finite=True)
     assert info.value.argument == "k"
+
+
+def test_auto_penalty_dtype_is_float32_in_the_bf16_inference_forward_only() -> None:
+    """``penalty_dtype="auto"`` (the default) runs the float32 chain in the inference forward
+    of bf16 inputs and the float64 chain for other inputs and in training: the state ``A`` of
+    the default forward is the explicit chain's, bit for bit, and not the other chain's."""
+    f32, f64, bf16 = torch.float32, torch.float64, torch.bfloat16
+    assert tc._penalty_dtype("auto", bf16, training=False) == f32
+    assert tc._penalty_dtype("auto", bf16, training=True) == f64
+    for dtype in (torch.float16, f32):
+        assert tc._penalty_dtype("auto", dtype, training=False) == f64
+    assert tc._penalty_dtype("float64", bf16, training=False) == f64
+    assert tc._penalty_dtype("float32", f32, training=True) == f32
+    inputs, _ = _inputs(64, 16, 16, seed=5)
+
+    def A_of(penalty_dtype: str | None, dtype: torch.dtype, grad: bool = False) -> torch.Tensor:
+        t = [torch.tensor(x, dtype=dtype, requires_grad=grad) for x in inputs]
+        kw = {} if penalty_dtype is None else {"penalty_dtype": penalty_dtype}
+        return tc.chunked_vla(*t, chunk_size=16, penalty_block=32, **kw)[1][1].detach()
+
+    default = A_of(None, bf16)
+    assert torch.equal(default, A_of("float32", bf16))
+    assert not torch.equal(default, A_of("float64", bf16))
+    assert torch.equal(A_of(None, bf16, grad=True), A_of("float64", bf16, grad=True))
+    assert torch.equal(A_of(None, f32), A_of("float64", f32))
 
 
 def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> None:

@@ -31,17 +31,18 @@ pytestmark = [
 ]
 
 #: Per call of the bf16 inference forward (B = 1, H = 16, dk = dv = 64, paper preset, no initial
-#: state): PyTorch operations that are not views, and Triton launches.  One block (15 and 4):
-#: the keys and penalties in float32 for the float64 chain (2), ten buffers (``z`` at the
-#: chunk starts and at the end among them, summed by the state chain's kernel), the penalty
-#: scratch (a copy of the start), the initial ``A`` (the cached identity divided by
-#: ``lambda0``), the last ``A`` in float32; four launches.  Four blocks add 13 and 7: the
-#: blocks' matrices (a buffer, the last one zeroed, a launch), the starts (a buffer,
-#: ``(A_0; I)`` in two copies, one launch for the three products, the solve, the
-#: symmetrisation), the block-end check (the flag zeroed, one launch, the fallback count), the
-#: second pass (its scratch, four launches that return at once on the device where the check
-#: passed) and the choice of the last ``A`` (the flag as a mask, a selection).
-HOST_OPERATIONS = {"one_block": (15, 4), "four_blocks": (28, 11)}
+#: state; the float32 penalty chain, which reads the bf16 keys and penalties): PyTorch
+#: operations that are not views, and Triton launches.  One block (12 and 4): ten buffers
+#: (``z`` at the chunk starts and at the end among them, summed by the state chain's kernel),
+#: the penalty scratch (a copy of the start), the initial ``A`` (the cached identity divided by
+#: ``lambda0``); four launches.  (The float64 chain adds the keys and penalties in float32 and
+#: the last ``A`` in float32.)  Four blocks add 14 and 7: the blocks' matrices (the penalties
+#: in float32, a buffer, the last one zeroed, a launch), the starts (a buffer, ``(A_0; I)`` in
+#: two copies, one launch for the three products, the solve, the symmetrisation), the
+#: block-end check (the flag zeroed, one launch, the fallback count), the second pass (its
+#: scratch, four launches that return at once on the device where the check passed) and the
+#: choice of the last ``A`` (the flag as a mask, a selection).
+HOST_OPERATIONS = {"one_block": (12, 4), "four_blocks": (26, 11)}
 
 
 class _Count(TorchDispatchMode):

@@ -249,18 +249,21 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
 
 
 def _penalty_dtype(x: dict[str, Any], cfg: Any) -> str:
-    """The penalty chain's precision this run times: float64 (the default) if its kernel builds
-    here, else float32 (recorded with each record: the float64 kernel once failed to compile
-    on the H200 with Triton 3.6)."""
+    """The penalty chain's precision this run times: ``"auto"`` (the default: float32 in the
+    bf16 inference forward, float64 in training) if its kernels build here, else float32
+    (recorded with each record: the float64 kernel once failed to compile on the H200 with
+    Triton 3.6)."""
     from vla_verify.backends.triton_chunked import chunked_vla
 
     key = ("penalty_dtype", x["q"].shape[-1])
     if key not in RUN:
         try:
-            chunked_vla(*(x[n] for n in "qkvu"), config=cfg)
-            RUN[key] = "float64"
+            leaves = [x[n].detach().clone().requires_grad_(True) for n in "qkvu"]
+            chunked_vla(*(x[n] for n in "qkvu"), config=cfg)  # the inference forward's chain
+            chunked_vla(*leaves, config=cfg)  # training's
+            RUN[key] = "auto"
         except Exception as exc:
-            _log("float64 penalty chain failed, timing float32:", repr(exc)[:300])
+            _log("the default penalty chains failed, timing float32:", repr(exc)[:300])
             RUN[key] = "float32"
     return str(RUN[key])
 

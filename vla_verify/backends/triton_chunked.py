@@ -21,11 +21,13 @@ float32.  In the inference forward of bf16 inputs the stored intermediates are b
 state side's products (the UT transform's, the state chain's, the read-out's) take bf16
 operands (:func:`_state_dtype`).  Otherwise the intermediates are float32: tf32 products for
 16-bit inputs and, for float32 inputs, ``input_precision`` ``"ieee"`` (default) or ``"tf32"``
-(faster, 10-bit mantissa operands).  The penalty chain runs in ``penalty_dtype``: float64 by
-default, since a float32 Woodbury chain re-derives every ``A_t`` from the chunk-start ``A`` and
-cancels at that scale, which was measured outside the spec §4 budget on strong penalties
-(``docs/design/triton_chunked.md``); float32 stays available for layer-like penalties.  The
-state comes back in float32.
+(faster, 10-bit mantissa operands).  The penalty chain runs in ``penalty_dtype``: by default
+(``"auto"``, :func:`_penalty_dtype`) float32 with tf32x3 products in the inference forward of
+bf16 inputs, whose budget it keeps, and float64 otherwise, since a float32 Woodbury chain
+re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that scale, which was
+measured outside the spec §4 float32 budget on strong penalties
+(``docs/design/triton_chunked.md``).  Either chain checks its block ends against the float64
+block starts at its own precision.  The state comes back in float32.
 
 Gradients.  The backward is the adjoint of the recurrence (spec §2.3) by the recurrent kernels
 of :mod:`.triton_fused`, started from checkpoints that this forward keeps when an input needs a
@@ -197,6 +199,13 @@ _PENALTY_KERNEL_REGISTERS = 256
 #: chain's float64 rounding over a block is far below it; a start error at it is far below the
 #: float32 state's rounding.
 BLOCK_START_RTOL = 1e-9
+#: The float32 chain's check, per token of a block: ``L`` float32 unit roundoffs relative for a
+#: block of ``L`` tokens, the first-order bound of a chain that rounds once a step at the scale
+#: of ``A``.  Its block ends differ from the float64 starts by 0.012 to 0.019 of it on the
+#: layer's penalties under the interpreter (bf16 inputs, dk = 16 and 64, blocks of 256 to 2048
+#: tokens) and by 0.014 to 0.034 on an H100's tf32x3 products (dk = 64 and 128), and starts
+#: without the nudges by 133 to 348 times it (benchmarks/gpu/float32_chain_checks.py).
+FLOAT32_CHAIN_RTOL_PER_TOKEN = 2.0**-24
 #: Products-only block starts (:func:`penalty_block_starts` with ``normalise=False``) apply the
 #: blocks' matrices without re-normalising over at most this many tokens per unit of key width,
 #: then take the next span from its first start solved.  Their error grows steeply with the
@@ -242,8 +251,8 @@ BLOCK_START_FALLBACKS = _FallbackCount()
 MAX_HEAD_DIM = 128
 #: ``input_precision`` of the float32 state-chain products.
 INPUT_PRECISIONS: tuple[str, ...] = ("ieee", "tf32")
-#: Precisions of the penalty chain (``penalty_dtype``).
-PENALTY_DTYPES: tuple[str, ...] = ("float64", "float32")
+#: Precisions of the penalty chain (``penalty_dtype``); ``"auto"`` is :func:`_penalty_dtype`.
+PENALTY_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")
 _DTYPES = ("float32", "bfloat16", "float16")
 _NEVER = 2**31 - 1  # a nudge period meaning "never"
 #: Planted bugs for the meta-tests (``planted_bug=`` of :func:`chunked_vla`).
@@ -636,6 +645,31 @@ def _state_dtype(dtype: torch.dtype, training: bool) -> torch.dtype:
     return torch.float32
 
 
+def _penalty_dtype(penalty_dtype: str, dtype: torch.dtype, training: bool) -> torch.dtype:
+    """The penalty chain's dtype: ``penalty_dtype`` where it names one; for ``"auto"`` float32
+    in the inference forward of bf16 inputs and float64 otherwise (design doc, "Precision of
+    the penalty chain").
+
+    Under the bf16 budget of spec §4 the float32 and float64 chains give the same ratios (the
+    bf16 state side's rounding sets them), and the float32 chain's block ends, checked against
+    the float64 products-only starts at :data:`FLOAT32_CHAIN_RTOL_PER_TOKEN` a token, sit at
+    0.014 to 0.034 of that tolerance on the layer's penalties on an H100
+    (``h100/float32_chain_checks_56ff2c5.json``).  Side by side on that H100 (B = 1, H = 16,
+    paper preset) the forward takes 2.04 against 2.34 ms at D = 64, T = 16384, 6.24 against
+    7.25 at D = 128 and 6.49 against 7.62 at D = 64, T = 65536
+    (``h100/float32_chain_timings_56ff2c5.json``); at D = 64, T = 4096 its device time is
+    0.78 against 0.87 ms and its median 1.02 against 0.92 (one reading).  Float32 inputs keep
+    float64: there the float32 chain puts ``S`` at 1.93 of the budget on strong penalties.
+    Training keeps it as well: the backward starts from the chain's checkpoints, its gradients
+    are measured with the float64 chain, and the forward + backward gains nothing measurable
+    (13.65 against 13.72 ms at D = 64, T = 16384)."""
+    if penalty_dtype == "float64" or (
+        penalty_dtype == "auto" and (dtype != torch.bfloat16 or training)
+    ):
+        return torch.float64
+    return torch.float32
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -671,7 +705,7 @@ def _forward(
     BH = B * H
     L = max(C, CP)
     TP = math.ceil(T / L) * L
-    pd = torch.float64 if penalty_dtype == "float64" else torch.float32
+    pd = _penalty_dtype(penalty_dtype, q.dtype, save_checkpoints)
     f32 = torch.float32
     # Each torch operation costs the host a launch, and at T of a few thousand the host's work
     # per call is above the device's (the H100 traces of benchmarks/gpu/chunk_h200.py
@@ -725,12 +759,10 @@ def _forward(
             nudge_eta=config.nudge_eta, normalise=normalise, matrices=matrices[planted],
         )  # fmt: skip
 
-    # The float64 chain starts from the products-only block starts and checks them against its
-    # own block ends (below); the float32 chain's ends are too coarse for that check, so it
-    # takes the normalised starts.
-    scan = pd == torch.float64
+    # The chain starts from the products-only block starts and checks them against its own
+    # block ends (below), to its own precision.
     scan_bug = bug in (kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES, kernels.BUG_UNCHECKED_BLOCK_STARTS)
-    A_starts = starts(normalise=not scan, planted=scan_bug)
+    A_starts = starts(normalise=False, planted=scan_bug)
     # The state side's stored intermediates (gates, K̃, Ṽ, E, the chunk-start S).
     sd = _state_dtype(q.dtype, save_checkpoints)
     gates = torch.empty(BH, TP, BK, dtype=sd, device=dev)
@@ -772,6 +804,7 @@ def _forward(
             T, H, start_mod, period, H * dk, dk, DK=dk,
             CPB=(block if flag is None else CP * math.ceil(T / CP)) // CP, NCK=nck + 1,
             CKE=_CHECKPOINT_EVERY, BK=BK, BKB=bkb, CP=CP, TP=TP, PD=_tl_dtype(pd),
+            CHAIN_PREC="ieee" if pd == torch.float64 else "tf32x3",
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
             SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
@@ -826,7 +859,7 @@ def _forward(
     X = penalty_chain(A_starts)
     state_chain()
     A_end = X[:, NB - 1]
-    if scan and NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
+    if NB > 1 and bug != kernels.BUG_UNCHECKED_BLOCK_STARTS:
         # Each block's end, by the chain itself from its start, must be the next block's start.
         # The check stays on the device (a host synchronisation would expose the host's work of
         # every call): where it fails (rarely) a second pass runs the penalty chain in one block
@@ -836,7 +869,8 @@ def _forward(
         if A_starts.stride(-1) != 1 or A_starts.stride(-2) != dk:
             A_starts = A_starts.contiguous()
         kernels.block_end_check_kernel[(BH, NB - 1)](
-            X, A_starts, flag, NB, A_starts.stride(0), A_starts.stride(1), dk, BLOCK_START_RTOL,
+            X, A_starts, flag, NB, A_starts.stride(0), A_starts.stride(1), dk,
+            BLOCK_START_RTOL if pd == torch.float64 else FLOAT32_CHAIN_RTOL_PER_TOKEN * block,
             BK=BK, RB=min(BK, 32), num_warps=4,
         )  # fmt: skip
         BLOCK_START_FALLBACKS.add(flag)
@@ -964,7 +998,7 @@ def chunked_vla(
     chunk_size: int = 64,
     check_finite: bool = False,
     input_precision: str = "ieee",
-    penalty_dtype: str = "float64",
+    penalty_dtype: str = "auto",
     penalty_chunk: int | None = None,
     penalty_block: int | None = None,
     planted_bug: str | None = None,
@@ -985,7 +1019,9 @@ def chunked_vla(
         output or state (device-to-host syncs; off by default).
     input_precision : float32 state-chain products, ``"ieee"`` or ``"tf32"`` (module
         docstring, "Precision"); ignored for 16-bit inputs.
-    penalty_dtype : ``"float64"`` (default) or ``"float32"``, the penalty chain's precision.
+    penalty_dtype : ``"auto"`` (default), ``"float64"`` or ``"float32"``, the penalty chain's
+        precision; ``"auto"`` takes float32 in the inference forward of bf16 inputs and
+        float64 otherwise (:func:`_penalty_dtype`).
     penalty_chunk : tokens per penalty-chain chunk, 16, 32 or 64 (default
         :data:`DEFAULT_PENALTY_CHUNK`), independent of
         ``chunk_size``: the gates are per token, so the two chains may cut the sequence
@@ -1093,7 +1129,7 @@ class TritonChunkedBackend(TritonKernelBackend):
         options={
             "chunk_size": 64,
             "input_precision": "ieee",
-            "penalty_dtype": "float64",
+            "penalty_dtype": "auto",
             "penalty_chunk": None,
             "penalty_block": None,
             "check_finite": False,

@@ -25,7 +25,8 @@ The launches, in this order:
    ``c_t`` is the isotropic shift of ``A_t = B_t + c_t·I`` inside the chunk: the nudges that
    fired up to step t (:mod:`.torch_chunked`, "Nudges inside a chunk").  The gates
    ``α̂ = α / max(‖α‖, norm_eps)`` are written in float32.  The chain's precision ``PD`` is
-   float64 or float32 (``penalty_dtype``; its error is measured, ``docs/design/triton_chunked.md``).
+   float64 (products with ``ieee`` operands) or float32 (``tf32x3`` operands): ``CHAIN_PREC``,
+   from ``penalty_dtype``; its error is measured, ``docs/design/triton_chunked.md``.
    ``X`` is read and written in row blocks of ``BKB`` rows (a ``dk × dk`` float64 tile does not
    fit in registers at ``dk = 128``).  In training (``SAVE_CKPT``, ``SAVE_CHAIN``) it also
    stores ``A`` every 64 tokens and, per token, ``k̂``, ``s_t`` (the rows of ``W``), the pivots
@@ -184,6 +185,7 @@ def penalty_chain_kernel(
     CP: tl.constexpr,
     TP,  # the padded length: a runtime value, so a new T compiles nothing
     PD: tl.constexpr,
+    CHAIN_PREC: tl.constexpr,  # the products' operands: "ieee" (float64) or "tf32x3" (float32)
     NORMALIZE_GATE: tl.constexpr,
     SAVE_CKPT: tl.constexpr,
     SAVE_CHAIN: tl.constexpr,
@@ -244,8 +246,8 @@ def penalty_chain_kernel(
             Ub = tl.load(u_ptr + pb, mask=mb, other=0.0).to(tl.float32).to(PD)
             Kb = (tl.load(k_ptr + pb, mask=mb, other=0.0).to(tl.float32) * rk[:, None]).to(PD)
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
-            Y += tl.dot(Ub, Xb, input_precision="ieee", out_dtype=PD)
-            KA += tl.dot(Kb, Xb, input_precision="ieee", out_dtype=PD)
+            Y += tl.dot(Ub, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
+            KA += tl.dot(Kb, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
         # The nudge clock (spec §2.3): step t of the call (1-based) is global step start + t.
         if BUG == 1:
             nudged = (((start + tok) % period) == 0) & (start + tok > 0) & tmask
@@ -255,14 +257,14 @@ def penalty_chain_kernel(
         c_after = n_after.to(PD) * eta
         c_before = c_after - nudged.to(PD) * eta
         Y = Y + c_before[:, None] * U
-        G = tl.dot(U, tl.trans(Y), input_precision="ieee", out_dtype=PD)  # G[t, j] = u_t·y_j
+        G = tl.dot(U, tl.trans(Y), input_precision=CHAIN_PREC, out_dtype=PD)  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
         if ELIMINATE:
             W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
         else:
             Lm, d, d_raw = _ldl_clamped(eye + G, ot, ot, floor, CP)
             Linv = unit_lower_inverse(Lm - eye, ot, ot, CP)
-            W = tl.dot(Linv, Y, input_precision="ieee", out_dtype=PD)  # rows s_jᵀ
+            W = tl.dot(Linv, Y, input_precision=CHAIN_PREC, out_dtype=PD)  # rows s_jᵀ
         if SAVE_CHAIN:
             if BUG == 8:  # BUG_SAVED_S_OVER_PIVOT (a jit function reads literals only)
                 tl.store(sv_ptr + sp, (W / d[:, None]).to(tl.float32), mask=ms)
@@ -271,8 +273,9 @@ def penalty_chain_kernel(
             tl.store(cs_ptr + row * 4, d_raw.to(tl.float32), mask=tmask)
             tl.store(cs_ptr + row * 4 + 1, d.to(tl.float32), mask=tmask)
         Ws = W / d[:, None]
-        Xm = tl.where(tril, tl.dot(Kh_p, tl.trans(Ws), input_precision="ieee", out_dtype=PD), 0.0)
-        alpha = KA - tl.dot(Xm, W, input_precision="ieee", out_dtype=PD)
+        KWs = tl.dot(Kh_p, tl.trans(Ws), input_precision=CHAIN_PREC, out_dtype=PD)
+        Xm = tl.where(tril, KWs, 0.0)
+        alpha = KA - tl.dot(Xm, W, input_precision=CHAIN_PREC, out_dtype=PD)
         alpha = alpha + c_after[:, None] * Kh_p
         alpha = alpha.to(tl.float32)
         anorm = tl.sqrt_rn(tl.sum(alpha * alpha, axis=1))
@@ -293,7 +296,7 @@ def penalty_chain_kernel(
             # transpose of a loaded float64 tile into a dot operand on sm_90.
             WsbT = tl.load(wb + ot[None, :] * BK + cb[:, None])  # [BKB, CP]
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
-            Xb = Xb - tl.dot(WsbT, W, input_precision="ieee", out_dtype=PD)
+            Xb = Xb - tl.dot(WsbT, W, input_precision=CHAIN_PREC, out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
             tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
         tl.debug_barrier()
