@@ -669,7 +669,7 @@ def test_auto_penalty_dtype_is_float32_in_the_bf16_inference_forward_only() -> N
 
 
 def test_float32_penalty_chain_is_outside_the_budget_on_strong_penalties() -> None:
-    """Why the penalty chain runs in float64 by default (``docs/design/triton_chunked.md``):
+    """Why the penalty chain of float32 inputs runs in float64 (``docs/design/triton_chunked.md``):
     the Woodbury form re-derives every ``A_t`` from the chunk-start ``A`` and cancels at that
     scale, so on strong penalties (the ``gaussian`` regime, ``||u|| ≈ 4``) a float32 chain puts
     ``S`` outside the spec §4 budget where the float64 chain is well inside it.  Four chunks
