@@ -29,36 +29,43 @@ pytestmark = [
 ]
 
 
-def _inputs(T: int, H: int, D: int, seed: int = 0) -> list[torch.Tensor]:
-    """Layer-like bf16 inputs ``[1, T, H, D]`` (spec §2.5): positive q, k; ``‖u‖² = 1/D``."""
+def _inputs(
+    T: int, H: int, D: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> list[torch.Tensor]:
+    """Layer-like inputs ``[1, T, H, D]`` (spec §2.5): positive q, k; ``‖u‖² = 1/D``."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     shape = (1, T, H, D)
     q, k = (torch.exp(0.5 * torch.randn(shape, device="cuda", generator=g)) for _ in range(2))
     v = torch.randn(shape, device="cuda", generator=g)
     u = torch.randn(shape, device="cuda", generator=g)
     u = u / u.norm(dim=-1, keepdim=True) / D**0.5
-    return [x.to(torch.bfloat16) for x in (q, k, v, u)]
+    return [x.to(dtype) for x in (q, k, v, u)]
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_training_forward_is_the_inference_forward(D: int) -> None:
-    """At T = 4096 in blocks (the plan's), the paper preset: the forward with inputs that need
-    gradients gives the inference forward's output and state bit for bit, finite, with no
-    block-start fallback, and finite gradients; with planted wrong block starts the check
-    fails in training too (the fallback counted)."""
-    x0 = _inputs(4096, 16, D)
+    """At T = 4096 in blocks (the plan's), the paper preset, float16 inputs, whose inference
+    forward runs the float64 penalty chain and float32 state-side intermediates as training
+    does (bf16 inference takes the float32 chain and bf16 intermediates: ``_penalty_dtype``,
+    ``_state_dtype``): the forward with inputs that need gradients gives the inference
+    forward's output and state bit for bit, finite, with no block-start fallback, and finite
+    gradients; with planted wrong block starts the check fails in training too (the fallback
+    counted).  The float64 chain reads float32 copies of the keys and penalties, so its kernel
+    is the one bf16 inputs run; in bf16 its ``A`` is compared alone."""
     config = VLAConfig()
-
     Tensors = list[torch.Tensor]
 
-    def forward(grad: bool, bug: str | None = None) -> tuple[Tensors, Tensors]:
+    def forward(
+        x0: Tensors, grad: bool, bug: str | None = None, **options: str
+    ) -> tuple[Tensors, Tensors]:
         x = [a.clone().requires_grad_(grad) for a in x0]
-        o, state = tc.chunked_vla(*x, config=config, planted_bug=bug)
+        o, state = tc.chunked_vla(*x, config=config, planted_bug=bug, **options)
         return [o, *state], x
 
+    x0 = _inputs(4096, 16, D, dtype=torch.float16)
     before = tc.BLOCK_START_FALLBACKS[0]
-    inference, _ = forward(grad=False)
-    training, leaves = forward(grad=True)
+    inference, _ = forward(x0, grad=False)
+    training, leaves = forward(x0, grad=True)
     assert tc.BLOCK_START_FALLBACKS[0] == before
     for name, got, want in zip(("o", "S", "A", "z"), training, inference, strict=True):
         assert torch.isfinite(got).all(), name
@@ -67,8 +74,16 @@ def test_training_forward_is_the_inference_forward(D: int) -> None:
     grads = torch.autograd.grad(training[0], leaves, do)
     for name, g in zip("qkvu", grads, strict=True):
         assert torch.isfinite(g).all(), f"d{name}"
-    forward(grad=True, bug="block_starts_without_nudges")
+    forward(x0, grad=True, bug="block_starts_without_nudges")
     assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+    x0 = _inputs(4096, 16, D)
+    inference, _ = forward(x0, grad=False, penalty_dtype="float64")
+    training, leaves = forward(x0, grad=True)
+    assert tc.BLOCK_START_FALLBACKS[0] == before + 1
+    assert torch.equal(training[2].detach(), inference[2]), "A"
+    grads = torch.autograd.grad(training[0], leaves, torch.randn_like(training[0]))
+    for name, t in zip(("o", "dq", "dk", "dv", "du"), (training[0], *grads), strict=True):
+        assert torch.isfinite(t).all(), name
 
 
 def _captured(fn, statics: list[torch.Tensor]):  # type: ignore[no-untyped-def]
