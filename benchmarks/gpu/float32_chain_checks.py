@@ -1,7 +1,8 @@
-"""The float32 penalty chain's block-end check, on the CPU under Triton's interpreter: how far
-each block's end, run by the float32 chain from its float64 products-only start, is from the
-next block's start, against ``FLOAT32_CHAIN_RTOL_PER_TOKEN · L`` for blocks of ``L`` tokens,
-and how far it is from wrong starts, which the check must reject (planted: every block from
+"""The float32 penalty chain's block-end check (the bf16 inference forward's chain), on the CPU
+under Triton's interpreter or on a GPU: how far each block's end, run by the float32 chain
+from its float64 products-only start, is from the next block's start, against
+``FLOAT32_CHAIN_RTOL_PER_TOKEN · L`` for blocks of ``L`` tokens, and how far it is from wrong
+starts, which the check must reject (planted: every block from
 ``A_0``, or starts from blocks' matrices without their nudges).
 
 bf16 inputs (the chain's use: 16-bit inputs, whose budget the float32 chain keeps,
