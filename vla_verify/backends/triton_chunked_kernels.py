@@ -120,7 +120,7 @@ def _ldl_clamped(M, rows, cols, floor, C: tl.constexpr):
         col = tl.sum(tl.where(cols[None, :] == j, M, 0.0), axis=1)  # column j, over rows
         raw = tl.sum(tl.where(rows == j, col, 0.0), axis=0)
         piv = tl.maximum(raw, floor)
-        lcol = tl.where(rows > j, col / piv, 0.0)
+        lcol = tl.where(rows > j, col * (1.0 / piv), 0.0)
         Lm = tl.where((cols[None, :] == j) & (rows[:, None] > j), lcol[:, None], Lm)
         d = tl.where(rows == j, piv, d)
         d_raw = tl.where(rows == j, raw, d_raw)
@@ -149,7 +149,9 @@ def _ldl_solve_clamped(M, Y, rows, cols, floor, C: tl.constexpr, BUG: tl.constex
             yj = tl.sum(tl.where(rows[:, None] == j, Y, 0.0), axis=0)  # row j of Y, solved
         raw = tl.sum(tl.where(rows == j, col, 0.0), axis=0)
         piv = tl.maximum(raw, floor)
-        lcol = tl.where(rows > j, col / piv, 0.0)
+        # One division per pivot, then products: a float64 division is a Newton iteration of
+        # about a dozen instructions with a slow path, on the step's dependent path.
+        lcol = tl.where(rows > j, col * (1.0 / piv), 0.0)
         d = tl.where(rows == j, piv, d)
         d_raw = tl.where(rows == j, raw, d_raw)
         M = M - piv * (lcol[:, None] * lcol[None, :])
@@ -272,7 +274,7 @@ def penalty_chain_kernel(
                 tl.store(sv_ptr + sp, W.to(tl.float32), mask=ms)
             tl.store(cs_ptr + row * 4, d_raw.to(tl.float32), mask=tmask)
             tl.store(cs_ptr + row * 4 + 1, d.to(tl.float32), mask=tmask)
-        Ws = W / d[:, None]
+        Ws = W * (1.0 / d)[:, None]  # CP divisions, not CP·BK (as the elimination's pivots)
         KWs = tl.dot(Kh_p, tl.trans(Ws), input_precision=CHAIN_PREC, out_dtype=PD)
         Xm = tl.where(tril, KWs, 0.0)
         alpha = KA - tl.dot(Xm, W, input_precision=CHAIN_PREC, out_dtype=PD)
