@@ -658,7 +658,9 @@ def _penalty_dtype(penalty_dtype: str, dtype: torch.dtype, training: bool) -> to
     paper preset) the forward takes 2.04 against 2.34 ms at D = 64, T = 16384, 6.24 against
     7.25 at D = 128 and 6.49 against 7.62 at D = 64, T = 65536
     (``h100/float32_chain_timings_56ff2c5.json``); at D = 64, T = 4096 its device time is
-    0.78 against 0.87 ms and its median 1.02 against 0.92 (one reading).  Float32 inputs keep
+    0.78 against 0.87 ms, and there the call waits for the host (medians 1.01 / 1.07 against
+    1.05 / 1.07 in two rounds on another H100, ``h100/chain_reciprocals_387233f.json``).
+    Float32 inputs keep
     float64: there the float32 chain puts ``S`` at 1.93 of the budget on strong penalties.
     Training keeps it as well: the backward starts from the chain's checkpoints, its gradients
     are measured with the float64 chain, and the forward + backward gains nothing measurable
