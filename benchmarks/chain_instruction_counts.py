@@ -118,7 +118,6 @@ def main() -> None:
 
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from vla_verify.backends import triton_chunked_kernels
 
@@ -133,30 +132,17 @@ def main() -> None:
             r for r in json.loads(path.read_text()) if r["kernel"] == "penalty_chain_kernel"
         ]
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    source = (_KERNELS / "triton_chunked_kernels.py").read_text().split("\n")
+    lines = (_KERNELS / "triton_chunked_kernels.py").read_text().split("\n")
     fn = triton_chunked_kernels.penalty_chain_kernel
     rows, seen = [], set()
     for rec in launches:
-        values = dict(zip(fn.arg_names, rec["args"], strict=False)) | dict(rec["kwargs"])
-        options = {k: values.pop(k)["int"] for k in ("num_warps", "num_stages") if k in values}
-        constexprs, signature, attrs = {}, {}, {}
-        for i, name in enumerate(fn.arg_names):
-            if i in fn.constexprs:
-                constexprs[name] = preflight_sm90._constexpr(values[name])
-                signature[name] = "constexpr"
-            else:
-                signature[name] = preflight_sm90._type(values[name])
-                if preflight_sm90._aligned(values[name]):
-                    attrs[(i,)] = [["tt.divisibility", 16]]
+        source, constexprs, options = preflight_sm90.launch_source(fn, rec)
         shown = {k: str(v) for k, v in constexprs.items()}
-        key = json.dumps([shown, signature, options], sort_keys=True)
+        key = json.dumps([shown, source.signature, options], sort_keys=True)
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-            target=GPUTarget("cuda", 90, 32), options=options,
-        )  # fmt: skip
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
@@ -165,14 +151,15 @@ def main() -> None:
             usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
                                    capture_output=True, text=True).stdout  # fmt: skip
         row: dict[str, Any] = {
-            "DK": values["DK"]["int"], "BK": shown["BK"], "PD": shown["PD"],
+            "DK": rec["kwargs"]["DK"]["int"],
+            "BK": shown["BK"], "PD": shown["PD"],
             "CHAIN_PREC": shown["CHAIN_PREC"], "SAVE_CHAIN": shown["SAVE_CHAIN"],
             "COND": shown["COND"], "options": options,
         }  # fmt: skip
         for field in ("REG", "STACK"):
             m = re.search(rf"{field}:(\d+)", usage)
             row[field.lower()] = int(m.group(1)) if m else None
-        row |= per_chunk(sass, source, int(shown["CP"]))
+        row |= per_chunk(sass, lines, int(shown["CP"]))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "by_opcode"}), flush=True)
     if a.json:

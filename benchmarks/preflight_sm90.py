@@ -161,6 +161,31 @@ def _constexpr(v: dict[str, Any]) -> Any:
     return next(iter(v.values()))
 
 
+def launch_source(fn: Any, rec: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, int]]:
+    """The ``ASTSource`` of one recorded launch of the jit function ``fn`` (its constexprs, the
+    argument types and the alignments Triton's JIT gives them on a GPU), its constexprs by name,
+    and the launch's options (``num_warps``, ``num_stages``, ``maxnreg``)."""
+    from triton.compiler import ASTSource
+
+    values = dict(zip(fn.arg_names, rec["args"], strict=False)) | dict(rec["kwargs"])
+    launch = ("num_warps", "num_stages", "maxnreg")
+    options = {k: values.pop(k)["int"] for k in launch if k in values}
+    constexprs = {}
+    signature = {}
+    attrs = {}
+    for i, name in enumerate(fn.arg_names):
+        v = values[name]
+        if i in fn.constexprs:
+            constexprs[name] = _constexpr(v)
+            signature[name] = "constexpr"
+        else:
+            signature[name] = _type(v)
+            if _aligned(v):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return source, constexprs, options
+
+
 def build(
     launches: list[dict[str, Any]], modules: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
@@ -169,7 +194,6 @@ def build(
     an object holding the kernel as an attribute, for prototypes)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from vla_verify.backends import triton_chunked_kernels, triton_fused_kernels
 
@@ -180,34 +204,15 @@ def build(
     rows = []
     for rec in launches:
         fn = getattr(modules[rec["module"]], rec["kernel"])
-        names = fn.arg_names
-        values = dict(zip(names, rec["args"], strict=False)) | dict(rec["kwargs"])
-        launch = ("num_warps", "num_stages", "maxnreg")
-        options = {k: values.pop(k)["int"] for k in launch if k in values}
-        constexprs = {}
-        signature = {}
-        attrs = {}
-        for i, name in enumerate(names):
-            v = values[name]
-            if i in fn.constexprs:
-                constexprs[name] = _constexpr(v)
-                signature[name] = "constexpr"
-            else:
-                signature[name] = _type(v)
-                if _aligned(v):
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        key = json.dumps([rec["kernel"], signature, {k: str(v) for k, v in constexprs.items()},
-                          options], sort_keys=True)  # fmt: skip
+        source, constexprs, options = launch_source(fn, rec)
+        shown = {k: str(v) for k, v in constexprs.items()}
+        key = json.dumps([rec["kernel"], source.signature, shown, options], sort_keys=True)
         if key in seen:
             continue
         seen.add(key)
-        shown = {k: str(v) for k, v in constexprs.items()}
         row: dict[str, Any] = {"kernel": rec["kernel"], "options": options, "constexprs": shown}
         try:
-            compiled = triton.compile(
-                ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                target=GPUTarget("cuda", 90, 32), options=options,
-            )  # fmt: skip
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
             row["shared"] = int(compiled.metadata.shared)
             row["fits"] = row["shared"] <= H200_SHARED_BYTES
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
