@@ -444,13 +444,16 @@ def test_blocked_penalty_chain_matches_the_oracle(config, start, state) -> None:
     assert tc.BLOCK_START_FALLBACKS[0] == before  # the products-only starts passed the check
 
 
-def test_penalty_chain_by_elimination_matches_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("factorisation", ["elimination", "elimination_inverse"])
+def test_penalty_chain_by_elimination_matches_the_oracle(
+    monkeypatch: pytest.MonkeyPatch, factorisation: str
+) -> None:
     """The penalty chain's ``W`` and pivots by one elimination on ``[I + G | Y]``
     (``PENALTY_FACTORISATION``) within the budget: one chain of chunks of 16 and 32 tokens
     (paper, strong nudges: the upper triangle of ``G`` is not the lower's transpose there;
     exact preset), and in blocks; elimination that subtracts the rows of ``Y`` as loaded
     instead of as solved is rejected."""
-    monkeypatch.setattr(tc, "PENALTY_FACTORISATION", "elimination")
+    monkeypatch.setattr(tc, "PENALTY_FACTORISATION", factorisation)
     inputs, initial = _inputs(70, 8, 8, seed=3, state=True)
     for C, config, start in ((16, PAPER, 0), (32, STRONG_NUDGE, 7), (16, VLAConfig.exact(), 3)):
 
@@ -524,6 +527,21 @@ def test_float32_chain_checks_its_block_starts_at_its_own_precision(
     assert _outside_budget(fn, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) != []
     monkeypatch.setattr(tc, "penalty_block_starts", real)
     assert _outside_budget(planted, inputs, None, STRONG_NUDGE, 0, 16, dtype=bf16) != []
+
+
+@pytest.mark.parametrize("T", [40, 70])
+def test_float32_chain_on_float32_inputs_is_within_the_float32_budget(T: int) -> None:
+    """The float32 chain on float32 inputs (``penalty_dtype="float32"``, one block: no block-end
+    check to fall back from) is within the float32 budget on layer-like penalties.  Their
+    products take all three tf32 products of the split operands, where 16-bit penalties, exact
+    in tf32, take two; a float32 penalty read as its own remainder puts every output far
+    outside the budget."""
+    inputs, _ = _inputs(T, 16, 16, seed=5)
+
+    def fn(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return tc.chunked_vla(*args, chunk_size=16, penalty_dtype="float32", **kwargs)
+
+    assert _outside_budget(fn, inputs, None, PAPER, 0, 16) == []
 
 
 def test_training_forward_in_blocks_passes_the_check_as_inference_does() -> None:

@@ -115,15 +115,21 @@ CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: triangular inverse take P dependent steps per chunk of P tokens over P × P tiles, so their
 #: latency per token grows with P; the matrix products per token do not depend on it.
 DEFAULT_PENALTY_CHUNK = 16
-#: How the penalty chain forms ``W = L^{-1} Y`` and the pivots of each chunk: ``"elimination"``,
-#: one elimination on ``[I + G | Y]`` (``P`` dependent steps a chunk), rather than
-#: ``"factor_inverse"``, the factorisation, the inverse of ``L`` and a product (``2P − 1`` steps
-#: and the product).  The chunk's time grows with ``P`` (above), so its dependent steps, not its
-#: products, set it.  On the H200 (B = 1, H = 16, bf16, T = 16384, paper preset, side by side;
-#: ``benchmarks/results/h200/chain_variants.json``) the penalty kernel takes 1.09 against
-#: 1.33 ms at D = 64 and 3.29 against 3.91 ms at D = 128.  (An elimination with fewer barriers
-#: per step, slower on the H100: ``docs/design/triton_chunked.md``, "What runs", step 1.)
-PENALTY_FACTORISATION = "elimination"
+#: How the penalty chain forms ``W = L^{-1} Y`` and the pivots of each chunk:
+#: ``"elimination_inverse"``, one elimination on ``[I + G | I]`` (``P`` dependent steps a chunk,
+#: each updating a ``P × P`` tile) and ``W = L^{-1} Y`` as one product after it;
+#: ``"elimination"``, one elimination on ``[I + G | Y]`` (``P`` steps, each updating the
+#: ``P × d`` tile of ``Y`` as well); ``"factor_inverse"``, the factorisation, the inverse of
+#: ``L`` and a product (``2P − 1`` steps and the product).  The chunk's time grows with ``P``
+#: (above), so its dependent steps, not its products, set it.  On the H200 (B = 1, H = 16,
+#: bf16, T = 16384, paper preset, side by side; ``benchmarks/results/h200/chain_variants.json``)
+#: the elimination took the penalty kernel from 1.33 to 1.09 ms at D = 64 and from 3.91 to
+#: 3.29 ms at D = 128.  On one H100 (``benchmarks/results/h100/chain_split_inverse_0bd45e9.json``,
+#: two rounds) the elimination on ``[I + G | I]`` takes the float64 chain's kernel from 0.763 /
+#: 0.759 to 0.697 / 0.692 ms at D = 64 and from 3.17 / 3.14 to 3.08 / 3.06 at D = 128.  (An
+#: elimination with fewer barriers per step, slower on the H100: ``docs/design/triton_chunked.md``,
+#: "What runs", step 1.)
+PENALTY_FACTORISATION = "elimination_inverse"
 #: Warps of a penalty-chain program per key tile width, where they differ from the state
 #: kernels' (4 up to BK = 64, 8 above).  Fewer warps keep more of the float64 tiles on the stack
 #: (sm_90, Triton 3.6, in inference: 848 / 152 / 24 / 0 bytes per thread with 1 / 2 / 4 / 8
@@ -147,7 +153,7 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: 1.60 (64 columns: 0.590 and 2.32).
 READOUT_VALUE_BLOCK: dict[int, int] = {64: 64, 128: 128}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
-PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination")
+PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_inverse")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
 #: penalty; :func:`penalty_block_starts`), at least, per key width (the row of the narrowest
 #: width at least ``dk``): see :func:`penalty_block_length`.  Measured on the H200 (B = 1,

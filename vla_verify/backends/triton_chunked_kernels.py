@@ -94,6 +94,40 @@ BUG_SAVED_NORMALISER_BEFORE_KEY = 9
 
 
 @triton.jit
+def _tf32_split(x):
+    """``x = hi + lo`` for a float32 tile: ``hi`` rounded to tf32 (10 mantissa bits, to nearest
+    with ties away from zero, as ``cvt.rna.tf32.f32``), ``lo = x − hi``, exact in float32.
+    Finite ``x`` only: an infinite one gives a NaN ``lo``."""
+    bits = x.to(tl.uint32, bitcast=True)
+    hi = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def _tf32_split_unless_exact(x, EXACT: tl.constexpr):
+    """:func:`_tf32_split` of ``x``, or ``(x, x)`` where ``x`` is exactly a tf32 number
+    (``EXACT``: 16-bit inputs), whose remainder :func:`_tf32x3_dot` then does not read."""
+    if EXACT:
+        return x, x
+    else:
+        return _tf32_split(x)
+
+
+@triton.jit
+def _tf32x3_dot(a_hi, a_lo, b_hi, b_lo, acc, A_IS_TF32: tl.constexpr):
+    """``acc + a b`` from the tf32 splits of ``a`` and ``b`` (:func:`_tf32_split`) in three
+    tf32 tensor-core products, the small ones first (``a_lo b_hi``, ``a_hi b_lo``; their product
+    ``a_lo b_lo`` is below float32's rounding), with float32 accumulation; two where ``a`` is
+    exactly a tf32 number (``A_IS_TF32``: 16-bit inputs, whose 8 or 11 significant bits tf32
+    holds), whose ``a_lo`` is zero and not read.  Triton's ``tf32x3`` splits every operand of
+    every product again; here a split serves every product of its operand."""
+    if not A_IS_TF32:
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def unit_lower_inverse(N, rows, cols, C: tl.constexpr):
     """``(I + N)^{-1}`` of a strictly lower triangular ``[C, C]`` tile ``N`` by forward
     substitution, row by row: ``T_i = e_i − Σ_{m<i} N_{im} T_m``.  (The product series
@@ -199,6 +233,10 @@ def penalty_chain_kernel(
     if COND:  # the fallback pass (module docstring): only where the block-start check failed
         if tl.load(flag_ptr) == 0:
             return
+    # tf32x3 products split each operand once (:func:`_tf32x3_dot`); 16-bit penalties are
+    # exact in tf32, so their products take two tf32 products instead of three.
+    SPLIT: tl.constexpr = CHAIN_PREC == "tf32x3"
+    U_IS_TF32: tl.constexpr = u_ptr.dtype.element_ty != tl.float32
     bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     blk = tl.program_id(1)
     NB = tl.num_programs(1)
@@ -248,8 +286,15 @@ def penalty_chain_kernel(
             Ub = tl.load(u_ptr + pb, mask=mb, other=0.0).to(tl.float32).to(PD)
             Kb = (tl.load(k_ptr + pb, mask=mb, other=0.0).to(tl.float32) * rk[:, None]).to(PD)
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
-            Y += tl.dot(Ub, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
-            KA += tl.dot(Kb, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
+            if SPLIT:
+                Xh, Xl = _tf32_split(Xb)
+                Kbh, Kbl = _tf32_split(Kb)
+                Ubh, Ubl = _tf32_split_unless_exact(Ub, U_IS_TF32)
+                Y = _tf32x3_dot(Ubh, Ubl, Xh, Xl, Y, U_IS_TF32)
+                KA = _tf32x3_dot(Kbh, Kbl, Xh, Xl, KA, False)
+            else:
+                Y += tl.dot(Ub, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
+                KA += tl.dot(Kb, Xb, input_precision=CHAIN_PREC, out_dtype=PD)
         # The nudge clock (spec §2.3): step t of the call (1-based) is global step start + t.
         if BUG == 1:
             nudged = (((start + tok) % period) == 0) & (start + tok > 0) & tmask
@@ -259,9 +304,25 @@ def penalty_chain_kernel(
         c_after = n_after.to(PD) * eta
         c_before = c_after - nudged.to(PD) * eta
         Y = Y + c_before[:, None] * U
-        G = tl.dot(U, tl.trans(Y), input_precision=CHAIN_PREC, out_dtype=PD)  # G[t, j] = u_t·y_j
+        if SPLIT:
+            Yh, Yl = _tf32_split(Y)
+            Uh, Ul = _tf32_split_unless_exact(U, U_IS_TF32)
+            G = _tf32x3_dot(Uh, Ul, tl.trans(Yh), tl.trans(Yl), tl.zeros([CP, CP], PD), U_IS_TF32)
+        else:
+            G = tl.dot(
+                U, tl.trans(Y), input_precision=CHAIN_PREC, out_dtype=PD
+            )  # G[t, j] = u_t·y_j
         eye = tl.where(ot[:, None] == ot[None, :], 1.0, 0.0).to(PD)
-        if ELIMINATE:
+        if ELIMINATE == 2:
+            # The elimination on [I + G | I]: L^{-1} on a P × P tile, then W = L^{-1} Y as one
+            # product, where the elimination on [I + G | Y] updates the P × d tile every step.
+            Linv, d, d_raw = _ldl_solve_clamped(eye + G, eye, ot, ot, floor, CP, BUG)
+            if SPLIT:
+                Lh, Ll = _tf32_split(Linv)
+                W = _tf32x3_dot(Lh, Ll, Yh, Yl, tl.zeros([CP, BK], PD), False)  # rows s_jᵀ
+            else:
+                W = tl.dot(Linv, Y, input_precision=CHAIN_PREC, out_dtype=PD)  # rows s_jᵀ
+        elif ELIMINATE == 1:
             W, d, d_raw = _ldl_solve_clamped(eye + G, Y, ot, ot, floor, CP, BUG)  # rows s_jᵀ
         else:
             Lm, d, d_raw = _ldl_clamped(eye + G, ot, ot, floor, CP)
@@ -275,9 +336,19 @@ def penalty_chain_kernel(
             tl.store(cs_ptr + row * 4, d_raw.to(tl.float32), mask=tmask)
             tl.store(cs_ptr + row * 4 + 1, d.to(tl.float32), mask=tmask)
         Ws = W * (1.0 / d)[:, None]  # CP divisions, not CP·BK (as the elimination's pivots)
-        KWs = tl.dot(Kh_p, tl.trans(Ws), input_precision=CHAIN_PREC, out_dtype=PD)
-        Xm = tl.where(tril, KWs, 0.0)
-        alpha = KA - tl.dot(Xm, W, input_precision=CHAIN_PREC, out_dtype=PD)
+        if SPLIT:
+            Wh, Wl = _tf32_split(W)
+            Wsh, Wsl = _tf32_split(Ws)
+            Khh, Khl = _tf32_split(Kh_p)
+            zero = tl.zeros([CP, CP], PD)
+            KWs = _tf32x3_dot(Khh, Khl, tl.trans(Wsh), tl.trans(Wsl), zero, False)
+            Xm = tl.where(tril, KWs, 0.0)
+            Xmh, Xml = _tf32_split(Xm)
+            alpha = _tf32x3_dot(-Xmh, -Xml, Wh, Wl, KA, False)
+        else:
+            KWs = tl.dot(Kh_p, tl.trans(Ws), input_precision=CHAIN_PREC, out_dtype=PD)
+            Xm = tl.where(tril, KWs, 0.0)
+            alpha = KA - tl.dot(Xm, W, input_precision=CHAIN_PREC, out_dtype=PD)
         alpha = alpha + c_after[:, None] * Kh_p
         alpha = alpha.to(tl.float32)
         anorm = tl.sqrt_rn(tl.sum(alpha * alpha, axis=1))
@@ -298,7 +369,11 @@ def penalty_chain_kernel(
             # transpose of a loaded float64 tile into a dot operand on sm_90.
             WsbT = tl.load(wb + ot[None, :] * BK + cb[:, None])  # [BKB, CP]
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
-            Xb = Xb - tl.dot(WsbT, W, input_precision=CHAIN_PREC, out_dtype=PD)
+            if SPLIT:
+                WsbTh, WsbTl = _tf32_split(WsbT)
+                Xb = _tf32x3_dot(-WsbTh, -WsbTl, Wh, Wl, Xb, False)
+            else:
+                Xb = Xb - tl.dot(WsbT, W, input_precision=CHAIN_PREC, out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
             tl.store(xb + cb[:, None] * BK + ok[None, :], Xb)
         tl.debug_barrier()
