@@ -371,7 +371,9 @@ def penalty_chain_kernel(
             Xb = tl.load(xb + cb[:, None] * BK + ok[None, :])
             if SPLIT:
                 WsbTh, WsbTl = _tf32_split(WsbT)
-                Xb = _tf32x3_dot(-WsbTh, -WsbTl, Wh, Wl, Xb, False)
+                # Subtracted from X after the tensor cores: their accumulator truncates, and a
+                # block's chunks would bias X once each.
+                Xb = Xb - _tf32x3_dot(WsbTh, WsbTl, Wh, Wl, tl.zeros([BKB, BK], PD), False)
             else:
                 Xb = Xb - tl.dot(WsbT, W, input_precision=CHAIN_PREC, out_dtype=PD)
             Xb = Xb + tl.where((cb[:, None] == ok[None, :]) & (cb[:, None] < DK), c_end, 0.0)
