@@ -353,6 +353,37 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
     assert not short[:, -1].any()
 
 
+@pytest.mark.parametrize("u_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("period", "start", "block", "T", "dk"), [(20, 7, 48, 150, 8), (3, 2, 16, 64, 16)]
+)
+def test_float32_block_matrices_are_within_a_roundoff_a_token(
+    period, start, block, T, dk, u_dtype
+) -> None:
+    """The float32 chain's block matrices (float32, tf32x3 products of split operands; 16-bit
+    penalties taken whole) equal the products of the pieces' matrices within
+    ``FLOAT32_CHAIN_RTOL_PER_TOKEN`` per token of a block, the float32 chain's own check
+    (relative to the largest entry); with each nudge planted before its piece's rank-one
+    terms they do not."""
+    gen = torch.Generator().manual_seed(T)
+    u = torch.randn(1, T, 2, dk, generator=gen).to(u_dtype)
+    params = tc._params(VLAConfig(nudge_period=period), torch.device("cpu"))
+    u64 = u.permute(0, 2, 1, 3).reshape(2, T, dk).double()
+    ref = tc._block_matrices_by_trees(u64, start, period, float(params[2]), block)
+
+    def rel(bug: int) -> float:
+        got = tc.penalty_block_matrices(
+            u, params, start=start, nudge_period=period, block=block, bug=bug,
+            dtype=torch.float32,
+        )  # fmt: skip
+        assert got.dtype == torch.float32
+        return float((got.double() - ref).abs().amax() / ref.abs().amax())
+
+    tol = tc.FLOAT32_CHAIN_RTOL_PER_TOKEN * block
+    assert rel(0) < tol
+    assert rel(tc.PLANTED_BUGS["block_matrix_nudge_first"]) > 10 * tol
+
+
 @pytest.mark.parametrize(("dk", "NB"), [(40, 5), (5, 3)])
 def test_block_starts_kernel_equals_the_products(dk: int, NB: int) -> None:
     """The products-only block starts' kernel (``NB − 1`` dependent products in one launch, the

@@ -37,9 +37,10 @@ AGREE_RTOL = 1e-11
 
 def launch(u: Any, params: Any, out: Any, block: int, nc: int, ch: int, warps: int,
            bug: int = 0) -> None:  # fmt: skip
-    """``penalty_block_matrix_kernel`` into ``out`` ``[BH, NB, 2dk, 2dk]`` float64 for every
-    block but the last (the forward's ``last=False``), in the launch shape ``(nc, ch, warps)``;
-    ``u`` ``[B, T, H, dk]`` float32, paper clock (``start = 0``, period 20)."""
+    """``penalty_block_matrix_kernel`` into ``out`` ``[BH, NB, 2dk, 2dk]`` (float64, or float32
+    for the float32 chain's tf32x3 matrices) for every block but the last (the forward's
+    ``last=False``), in the launch shape ``(nc, ch, warps)``; ``u`` ``[B, T, H, dk]`` float32,
+    paper clock (``start = 0``, period 20)."""
     from vla_verify.backends import triton_chunked as tc
 
     B, T, H, dk = u.shape
@@ -47,7 +48,7 @@ def launch(u: Any, params: Any, out: Any, block: int, nc: int, ch: int, warps: i
     BK = max(32, tc._pow2(dk))
     tc.kernels.penalty_block_matrix_kernel[(B * H, NB - 1, 2 * BK // nc)](
         u, out, params, T, H, 0, 20, block, NB, H * dk, dk, dk,
-        BK=BK, NC=nc, CH=ch, BUG=bug, num_warps=warps,
+        BK=BK, NC=nc, CH=ch, PD=tc._tl_dtype(out.dtype), BUG=bug, num_warps=warps,
     )  # fmt: skip
 
 

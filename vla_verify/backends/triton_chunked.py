@@ -503,6 +503,7 @@ def penalty_block_starts(
         return _solve_block_starts(XX)
     A = A0
     starts = [A0]
+    Bm = Bm.to(f64)
     for b in range(NB - 1):
         NumDen = Bm[:, b, :, :dk] @ A + Bm[:, b, :, dk:]
         A = torch.linalg.solve(NumDen[:, dk:], NumDen[:, :dk], left=False)  # Π Θ^{-1}
@@ -545,14 +546,15 @@ def _batched_cublas_lu(device: torch.device) -> Iterator[None]:
 
 def penalty_block_matrices(
     u: torch.Tensor, params: torch.Tensor, *, start: int, nudge_period: int, block: int,
-    bug: int = 0, last: bool = True,
+    bug: int = 0, last: bool = True, dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:  # fmt: skip
     """Each block's matrix on ``(Π; Θ)`` (:func:`penalty_block_starts`) by
     :func:`~.triton_chunked_kernels.penalty_block_matrix_kernel`: ``[BH, NB, 2dk, 2dk]``
-    float64 from ``u`` ``[B, T, H, dk]`` float32 (contiguous), ``params`` the configuration
-    scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``.  Without
-    ``last`` the last block's matrix is left zero: no block starts after it, so the block
-    starts never read it, and its tokens are ``1/NB`` of the kernel's work."""
+    of ``dtype`` from ``u`` ``[B, T, H, dk]`` (contiguous; float32 for float64 matrices,
+    float32 or 16-bit for float32 ones, whose products are tf32x3), ``params`` the
+    configuration scalars (:func:`_params`), ``start`` the nudge clock modulo ``nudge_period``.
+    Without ``last`` the last block's matrix is left zero: no block starts after it, so the
+    block starts never read it, and its tokens are ``1/NB`` of the kernel's work."""
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
@@ -560,14 +562,14 @@ def penalty_block_matrices(
     # ..._wider_8e0d05d.json, the same matrices bit for bit): 2 at BK = 64 (0.42 against 0.64
     # ms with 4), 4 at 128 (1.90 against 3.13 with 8, 4.08 with 2).
     nc = 32
-    out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=torch.float64, device=u.device)
+    out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=dtype, device=u.device)
     built = NB if last else NB - 1
     if built < NB:
         out[:, built:].zero_()
     if built > 0:
         kernels.penalty_block_matrix_kernel[(B * H, built, 2 * BK // nc)](
             u, out, params, T, H, start, nudge_period, block, NB, H * dk, dk, dk,
-            BK=BK, NC=nc, CH=32, BUG=bug, num_warps=2 if BK <= 64 else 4,
+            BK=BK, NC=nc, CH=32, PD=_tl_dtype(dtype), BUG=bug, num_warps=2 if BK <= 64 else 4,
         )  # fmt: skip
     return out
 
@@ -756,11 +758,13 @@ def _forward(
             )  # fmt: skip
         if planted not in matrices:
             matrix_bug = bug if bug == kernels.BUG_MATRIX_NUDGE_FIRST else kernels.BUG_NONE
+            # The float32 chain's starts from float32 matrices (tf32x3 products of the
+            # penalties as they are), applied and solved in float64 as the float64 chain's.
             matrices[planted] = penalty_block_matrices(
-                up if up.dtype == torch.float32 else u.float(), params, start=start_mod,
-                nudge_period=period, block=block,
+                up if pd == torch.float32 or up.dtype == torch.float32 else u.float(), params,
+                start=start_mod, nudge_period=period, block=block,
                 bug=kernels.BUG_BLOCK_STARTS_WITHOUT_NUDGES if planted else matrix_bug,
-                last=False,
+                last=False, dtype=pd,
             )  # fmt: skip
         return penalty_block_starts(
             None, A0, start=start_mod, nudge_period=config.nudge_period, block=block,

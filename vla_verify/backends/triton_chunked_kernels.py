@@ -400,7 +400,7 @@ def penalty_chain_kernel(
 @triton.jit
 def penalty_block_matrix_kernel(
     u_ptr,  # [B, T, H, dk] float32: the penalty directions
-    m_ptr,  # [BH, NB, 2·DK, 2·DK] float64 out: each block's matrix on the stacked (Π; Θ)
+    m_ptr,  # [BH, NB, 2·DK, 2·DK] PD out: each block's matrix on the stacked (Π; Θ)
     params_ptr,  # lambda0, sm_floor, nudge_eta, out_eps, norm_eps (float64)
     T,
     H,
@@ -414,6 +414,7 @@ def penalty_block_matrix_kernel(
     BK: tl.constexpr,
     NC: tl.constexpr,  # columns of the block matrix per program
     CH: tl.constexpr,  # token rows per product
+    PD: tl.constexpr,  # the matrices' dtype: float64, or float32 with tf32x3 products
     BUG: tl.constexpr,
 ):
     """Each block's ``2dk × 2dk`` matrix on ``(Π; Θ)``, ``A = Π Θ^{-1}`` (spec §2.3; the forms
@@ -423,7 +424,13 @@ def penalty_block_matrix_kernel(
     nudge ``Π ← Π + η Θ``; between two nudges ``Π`` is fixed, so a piece's steps are
     ``Θ ← Θ + Uᵀ (U Π)``, two float64 products per ``CH`` rows of the piece.  ``4 dk²``
     multiply-adds per token against ``16 dk³`` per piece for a product of the pieces' matrices
-    (``16·dk / period`` times fewer at ``dk = 64``, ``period = 20`` before padding)."""
+    (``16·dk / period`` times fewer at ``dk = 64``, ``period = 20`` before padding).
+
+    In float32 (``PD``; the float32 chain's starts) each product is three tf32 tensor-core
+    products of split operands (:func:`_tf32x3_dot`), two where the penalties are 16-bit and so
+    exact in tf32; ``Π`` is split once a piece."""
+    SPLIT: tl.constexpr = PD == tl.float32
+    U_IS_TF32: tl.constexpr = u_ptr.dtype.element_ty != tl.float32
     bh = tl.program_id(0).to(tl.int64)  # B·H·T·d may pass 2**31
     blk = tl.program_id(1)
     cblk = tl.program_id(2)
@@ -435,8 +442,8 @@ def penalty_block_matrix_kernel(
     ok = tl.arange(0, BK)
     ot = tl.arange(0, CH)
     col = cblk * NC + tl.arange(0, NC)  # columns of the padded [2BK, 2BK] matrix
-    Pi = tl.where(ok[:, None] == col[None, :], 1.0, 0.0).to(tl.float64)
-    Th = tl.where(ok[:, None] + BK == col[None, :], 1.0, 0.0).to(tl.float64)
+    Pi = tl.where(ok[:, None] == col[None, :], 1.0, 0.0).to(PD)
+    Th = tl.where(ok[:, None] + BK == col[None, :], 1.0, 0.0).to(PD)
     base = b.to(tl.int64) * T * s_t + h * s_h
     kmask = ok < DK
     t = blk.to(tl.int64) * block
@@ -447,21 +454,32 @@ def penalty_block_matrix_kernel(
         nudge_at = t + (period - (start + t) % period)  # the next piece's first token
         e = tl.minimum(nudge_at, t_end)
         if BUG == 5:
-            Pi = tl.where(e == nudge_at, Pi + eta * Th, Pi)
+            Pi = tl.where(e == nudge_at, Pi + eta.to(PD) * Th, Pi)
+        if SPLIT:
+            Pih, Pil = _tf32_split(Pi)
         for r in range(0, tl.cdiv(e - t, CH)):
             tok = t + r * CH + ot
             tm = tok < e
             rows = base + tok * s_t
             U = tl.load(u_ptr + rows[:, None] + ok[None, :], mask=tm[:, None] & kmask[None, :],
-                        other=0.0).to(tl.float64)  # fmt: skip
+                        other=0.0).to(tl.float32).to(PD)  # fmt: skip
             # Uᵀ loaded transposed: Triton 3.6 fails to lower a register transpose of a
             # float64 tile into a dot operand on sm_90.
             UT = tl.load(u_ptr + rows[None, :] + ok[:, None], mask=tm[None, :] & kmask[:, None],
-                         other=0.0).to(tl.float64)  # fmt: skip
-            UPi = tl.dot(U, Pi, input_precision="ieee", out_dtype=tl.float64)
-            Th += tl.dot(UT, UPi, input_precision="ieee", out_dtype=tl.float64)
+                         other=0.0).to(tl.float32).to(PD)  # fmt: skip
+            if SPLIT:
+                Uh, Ul = _tf32_split_unless_exact(U, U_IS_TF32)
+                UTh, UTl = _tf32_split_unless_exact(UT, U_IS_TF32)
+                UPi = _tf32x3_dot(Uh, Ul, Pih, Pil, tl.zeros([CH, NC], PD), U_IS_TF32)
+                UPih, UPil = _tf32_split(UPi)
+                # Added to Θ outside the tensor cores: their accumulator truncates, and a
+                # block's hundreds of truncations of Θ would bias its matrix.
+                Th += _tf32x3_dot(UTh, UTl, UPih, UPil, tl.zeros([BK, NC], PD), U_IS_TF32)
+            else:
+                UPi = tl.dot(U, Pi, input_precision="ieee", out_dtype=tl.float64)
+                Th += tl.dot(UT, UPi, input_precision="ieee", out_dtype=tl.float64)
         if BUG != 5:
-            Pi = tl.where(e == nudge_at, Pi + eta * Th, Pi)
+            Pi = tl.where(e == nudge_at, Pi + eta.to(PD) * Th, Pi)
         t = e
     # Rows and columns of the padded matrix map to the unpadded (Π; Θ): i < BK -> i,
     # BK + i -> DK + i.
@@ -475,7 +493,7 @@ def penalty_block_matrix_kernel(
 
 @triton.jit
 def penalty_block_starts_kernel(
-    m_ptr,  # [BH, NB, 2·DK, 2·DK] float64: each block's matrix on the stacked (Π; Θ)
+    m_ptr,  # [BH, NB, 2·DK, 2·DK] float64 or float32: each block's matrix on (Π; Θ)
     x_ptr,  # [NB, BH, 2·DK, DK] float64: (Π; Θ) at each block's start, x[0] given
     NB,
     BH,
@@ -506,8 +524,9 @@ def penalty_block_starts_kernel(
         for k0 in range(0, 2 * DK, KB):
             kk = k0 + ok
             mk = kk < 2 * DK
+            # The matrices may be float32 (the float32 chain's); the starts stay float64.
             a = tl.load(mb + orow[:, None] * (2 * DK) + kk[None, :],
-                        mask=mrow[:, None] & mk[None, :], other=0.0)  # fmt: skip
+                        mask=mrow[:, None] & mk[None, :], other=0.0).to(tl.float64)  # fmt: skip
             x = tl.load(xb + kk[:, None] * DK + col[None, :], mask=mk[:, None] & mcol[None, :],
                         other=0.0)  # fmt: skip
             acc = tl.dot(a, x, acc, input_precision="ieee", out_dtype=tl.float64)
