@@ -8,7 +8,11 @@ paper preset) this measures, after a warm-up:
   device (the device's queue is deep enough that the host never blocks on it here), and
   ``wall_ms``, the same calls until the device is done;
 - ``sections_us``: the host's time per call in the package's functions, in each Triton launch
-  and in ``torch.linalg.solve_ex`` (``perf_counter`` around each, over 30 more calls).
+  and in ``torch.linalg.solve_ex`` (``perf_counter`` around each, over 30 more calls);
+- with ``--launch-paths``, ``launch_paths_us``: for each Triton launch of one call, the host's
+  time per launch through Triton's JIT path (``kernel[grid](...)``: binding, specialisation,
+  the cache's key) against the compiled kernel called directly (``compiled[grid](...)`` with
+  the bound arguments, the stream looked up or given): what a launch cache would save.
 
 Usage (the package first on ``PYTHONPATH``; ``--label`` names the tree measured)::
 
@@ -31,6 +35,7 @@ import argparse
 import collections
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +82,77 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--trees", nargs="+", default=None, help="roots of trees to alternate")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--launch-paths", action="store_true", help="time each launch's two paths")
     a = ap.parse_args()
     if a.trees:
         compare(Path(a.out), a.trees, a.rounds)
     else:
-        probe(Path(a.out), a.label, a.commit)
+        probe(Path(a.out), a.label, a.commit, a.launch_paths)
 
 
-def probe(out_dir: Path, label: str, commit: str) -> None:
+def launch_paths(forward: Any, kernels: Any, reps: int = 200) -> dict[str, dict[str, float]]:
+    """The host's microseconds per launch of each Triton kernel of one ``forward()`` call
+    through the JIT path and through the compiled kernel called directly (module ``kernels``
+    holds the kernels; each is wrapped while one call records its launches)."""
+    import torch
+    from triton.runtime import driver
+
+    records: list[tuple[str, Any, tuple[int, ...], tuple[Any, ...], dict[str, Any], Any]] = []
+
+    class Recorder:
+        def __init__(self, name: str, kernel: Any) -> None:
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                compiled = self.kernel[grid](*args, **kwargs)
+                records.append((self.name, self.kernel, tuple(grid), args, kwargs, compiled))
+                return compiled
+
+            return launch
+
+    names = [n for n in dir(kernels) if n.endswith("_kernel")]
+    originals = {n: getattr(kernels, n) for n in names}
+    for n in names:
+        setattr(kernels, n, Recorder(n, originals[n]))
+    try:
+        forward()
+    finally:
+        for n in names:
+            setattr(kernels, n, originals[n])
+    torch.cuda.synchronize()
+    device = driver.active.get_current_device()
+    stream = driver.active.get_current_stream(device)
+    result: dict[str, dict[str, float]] = {}
+    for i, (name, kernel, grid, args, kwargs, compiled) in enumerate(records):
+        binder = kernel.device_caches[device][4]
+        bound = list(binder(*args, **kwargs)[0].values())
+        runner = compiled[(*tuple(grid), 1, 1)[:3]]
+        result[f"{i:02d}:{name}"] = {
+            "jit": _per_call_us(partial(kernel[grid], *args, **kwargs), reps),
+            "direct": _per_call_us(partial(runner, *bound), reps),
+            "direct_stream_given": _per_call_us(partial(runner, *bound, stream=stream), reps),
+        }
+    paths = ("jit", "direct", "direct_stream_given")
+    result["sum"] = {p: sum(r[p] for r in result.values()) for p in paths}
+    return result
+
+
+def _per_call_us(call: Any, reps: int) -> float:
+    """The host's microseconds per ``call()``, ``reps`` calls issued back to back after one."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        call()
+    host = (time.perf_counter() - t) / reps * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def probe(out_dir: Path, label: str, commit: str, paths: bool = False) -> None:
     import torch
 
     from vla_verify import VLAConfig
@@ -157,6 +225,8 @@ def probe(out_dir: Path, label: str, commit: str) -> None:
                             for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
             "calls_per_call": {k: v / CALLS for k, v in calls.items()},
         }  # fmt: skip
+        if paths:
+            row["launch_paths_us"] = launch_paths(forward, tc.kernels)
         print(json.dumps({k: v for k, v in row.items() if k != "calls_per_call"}), flush=True)
         out["sizes"][f"D{D}_T{T}"] = row
         del x
