@@ -44,8 +44,9 @@ def launch(u: Any, params: Any, out: Any, block: int, nc: int, ch: int, warps: i
            bug: int = 0) -> None:  # fmt: skip
     """``penalty_block_matrix_kernel`` into ``out`` ``[BH, NB, 2dk, 2dk]`` (float64, or float32
     for the float32 chain's tf32x3 matrices) for every block but the last (the forward's
-    ``last=False``), in the launch shape ``(nc, ch, warps)``; ``u`` ``[B, T, H, dk]`` float32,
-    paper clock (``start = 0``, period 20)."""
+    ``last=False``), in the launch shape ``(nc, ch, warps)``; ``u`` ``[B, T, H, dk]`` float32
+    (bf16 as the forward passes it, for float32 matrices), paper clock (``start = 0``, period
+    20)."""
     from vla_verify.backends import triton_chunked as tc
 
     B, T, H, dk = u.shape
