@@ -15,12 +15,16 @@ whole forward's device time (torch.profiler, mean of five calls)::
 
     python benchmarks/gpu/chain_occupancy.py OUT.json [--sizes 64x16384 ...]
 
-A variant is ``warps:blocks``; ``default`` is the shipped plan.
+A variant is ``warps:blocks``; ``default`` is the shipped plan.  ``--penalty-chunks 16 32``
+runs every variant at each penalty chunk ``P`` (``penalty_chunk``; the label gains ``/P32``):
+the chain's dependent steps per token stay one pivot whatever ``P``, while its loads and stores
+of ``X`` per token fall as ``1/P``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["64x4096", "64x16384", "64x65536",
                                                    "128x16384"])  # fmt: skip
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--penalty-chunks", type=int, nargs="+", default=[16])
     a = ap.parse_args()
     cfg = VLAConfig()
     res: dict[str, Any] = {"machine": machine_info(), "rows": []}
@@ -70,25 +75,28 @@ def main() -> None:
         rows: list[dict[str, Any]] = []
         fns: list[tuple[dict[str, Any], Any, Any, dict[int, int]]] = []
         base = None
-        for variant in VARIANTS[D]:
+        for variant, P in itertools.product(VARIANTS[D], a.penalty_chunks):
             warps = default_warps if variant is None else {**default_warps, BK: variant[0]}
-            block = None if variant is None else -(-T // variant[1] // 16) * 16
+            block = None if variant is None else -(-T // variant[1] // P) * P
 
-            def fwd(args: list[Any] = args, block: int | None = block) -> Any:
-                return tc.chunked_vla(*args, config=cfg, penalty_block=block)[0]
+            def fwd(args: list[Any] = args, block: int | None = block, P: int = P) -> Any:
+                return tc.chunked_vla(*args, config=cfg, penalty_block=block, penalty_chunk=P)[0]
 
-            def forward(q: Any, k: Any, v: Any, u: Any, block: int | None = block) -> Any:
-                return tc.chunked_vla(q, k, v, u, config=cfg, penalty_block=block)[0]
+            def forward(q: Any, k: Any, v: Any, u: Any, block: int | None = block,
+                        P: int = P) -> Any:  # fmt: skip
+                return tc.chunked_vla(q, k, v, u, config=cfg, penalty_block=block,
+                                      penalty_chunk=P)[0]  # fmt: skip
 
-            row: dict[str, Any] = {"D": D, "T": T, "variant": "default" if variant is None
-                                   else f"{variant[0]}:{variant[1]}"}  # fmt: skip
+            label = "default" if variant is None else f"{variant[0]}:{variant[1]}"
+            row: dict[str, Any] = {"D": D, "T": T, "penalty_chunk": P,
+                                   "variant": label if P == 16 else f"{label}/P{P}"}  # fmt: skip
             tc.PENALTY_CHAIN_WARPS = warps
             try:
                 o = fwd().float()
                 if base is None:
                     base = o
                 row["rel_diff"] = float((o - base).abs().max() / base.abs().max())
-                row["block_tokens"] = tc.penalty_block_length(T, 16, block, dk=D, heads=16,
+                row["block_tokens"] = tc.penalty_block_length(T, P, block, dk=D, heads=16,
                                                               device="cuda")  # fmt: skip
                 fb = None if a.no_backward else _grad_op(forward, leaves, x["do"])
                 fns.append((row, fwd, fb, warps))
