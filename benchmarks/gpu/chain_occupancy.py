@@ -62,6 +62,13 @@ def main() -> None:
                                                    "128x16384"])  # fmt: skip
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--penalty-chunks", type=int, nargs="+", default=[16])
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="WARPS:BLOCKS",
+        help="the variants to run, 'default' among them (default: VARIANTS)",
+    )
     a = ap.parse_args()
     cfg = VLAConfig()
     res: dict[str, Any] = {"machine": machine_info(), "rows": []}
@@ -75,7 +82,10 @@ def main() -> None:
         rows: list[dict[str, Any]] = []
         fns: list[tuple[dict[str, Any], Any, Any, dict[int, int]]] = []
         base = None
-        for variant, P in itertools.product(VARIANTS[D], a.penalty_chunks):
+        chosen = VARIANTS[D] if a.variants is None else tuple(
+            None if v == "default" else tuple(int(n) for n in v.split(":"))
+            for v in a.variants)  # fmt: skip
+        for variant, P in itertools.product(chosen, a.penalty_chunks):
             warps = default_warps if variant is None else {**default_warps, BK: variant[0]}
             block = None if variant is None else -(-T // variant[1] // P) * P
 
