@@ -1,0 +1,66 @@
+"""The pivots' micro-benchmark (``benchmarks/prototypes/warp_local_elimination.py``): its check
+passes the shipped elimination and rejects a planted slip, under Triton's interpreter on the
+CPU; its Gluon kernel builds for sm_90 without a barrier, where the shipped elimination has
+them (the Gluon kernel does not run under the interpreter: its results are checked on a GPU,
+before any timing, by the same :func:`check`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+_PATH = (Path(__file__).resolve().parents[1] / "benchmarks" / "prototypes"
+         / "warp_local_elimination.py")  # fmt: skip
+_spec = importlib.util.spec_from_file_location("warp_local_elimination", _PATH)
+assert _spec is not None and _spec.loader is not None
+wle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wle)
+
+_PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def test_the_reference_is_the_ldl_factorisation() -> None:
+    _, G = wle.make_inputs(2, 1)
+    W, d = wle.reference(G[:, 0])
+    M = np.eye(wle.P) + G[:, 0].astype(np.float64)
+    L = np.linalg.inv(W)
+    assert np.allclose(np.tril(L), L) and np.allclose(np.diagonal(L, axis1=1, axis2=2), 1)
+    assert np.allclose(L @ (d[..., None] * np.swapaxes(L, 1, 2)), M, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the interpreter")
+@pytest.mark.parametrize("from_dot", [False, True])
+def test_the_shipped_elimination_passes_and_a_planted_slip_fails(from_dot: bool) -> None:
+    U, G = wle.make_inputs(3, 3)
+    u, g = torch.from_numpy(U), torch.from_numpy(G)
+    W, d = wle.run(wle.elimination_triton_kernel, g, u, 3, from_dot=from_dot)
+    worst = max(wle.check(W[p].numpy(), d[p].numpy(), G[p, -1]) for p in range(3))
+    assert worst < 0.5
+    W, d = wle.run(wle.elimination_triton_kernel, g, u, 3, bug=wle.BUG_UNSOLVED_ROW,
+                   from_dot=from_dot)  # fmt: skip
+    assert min(wle.check(W[p].numpy(), d[p].numpy(), G[p, -1]) for p in range(3)) > 10
+
+
+@pytest.mark.skipif(not _PTXAS.is_file(), reason="Triton without its ptxas")
+def test_the_gluon_elimination_builds_for_sm90_without_barriers(tmp_path: Path) -> None:
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(_PATH), "--preflight", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.is_file(), done.stderr[-3000:]
+    import json
+
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["gluon"]["bar_sync"] == 0 and rows["gluon"]["stack"] == 0
+    # The count can fail: the shipped elimination's reductions cross its warps.
+    assert rows["triton"]["bar_sync"] > 0 and rows["triton_from_dot"]["bar_sync"] > 0
