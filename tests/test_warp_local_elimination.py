@@ -62,5 +62,6 @@ def test_the_gluon_elimination_builds_for_sm90_without_barriers(tmp_path: Path) 
 
     rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["gluon"]["bar_sync"] == 0 and rows["gluon"]["stack"] == 0
+    assert rows["gluon_from_dot"]["stack"] == 0
     # The count can fail: the shipped elimination's reductions cross its warps.
     assert rows["triton"]["bar_sync"] > 0 and rows["triton_from_dot"]["bar_sync"] > 0

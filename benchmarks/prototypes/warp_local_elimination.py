@@ -22,7 +22,10 @@ variants (:func:`variants`):
   chain calls it, on a loaded tile;
 - ``triton_from_dot``: the same on ``G = U Uᵀ`` formed by the chain's tf32x3 product, so the
   tile comes in the tensor cores' layout as in the chain;
-- ``gluon``: the same steps in the warp-local layout.
+- ``gluon``: the same steps in the warp-local layout, on a loaded tile;
+- ``gluon_from_dot``: the same on ``G = U Uᵀ`` formed by tf32x3 ``mma_v2`` products and
+  converted into the warp-local layout once an elimination (through shared memory: the barriers
+  a chain kernel in Gluon would pay once a chunk, not once a pivot).
 
 ``python benchmarks/prototypes/warp_local_elimination.py OUT.json`` (on a GPU, Triton 3.6):
 each against :func:`reference` (float64 LDLᵀ) on the chain's last matrix, within
@@ -31,8 +34,9 @@ programs on each of 132 SMs, as the float32 chain runs at D = 64, T = 16384) and
 µs per elimination.  ``--preflight JSON`` builds them for sm_90 without a GPU and counts each
 one's barriers (``bar.sync``) and shuffles (``shfl.sync``) in its PTX (static counts, loops
 not unrolled), its registers and stack: with Triton 3.6
-(``benchmarks/results/sm90/preflight_warp_local_elimination.json``) 11, 4 and 0 barriers, 48,
-143 and 64 registers, no stack.
+(``benchmarks/results/sm90/preflight_warp_local_elimination.json``) 11, 4, 0 and 18 barriers
+(the last in its operands' and product's conversions, outside the pivots' loop), 48, 143, 64
+and 124 registers, no stack.
 
 What it decides: if the warp-local pivots take a small part of the shipped ones' time, a
 penalty chain written in Gluon (its products through ``mma_v2``, the tile converted into the
@@ -103,14 +107,36 @@ def _gluon_kernel() -> Any:
     """The Gluon kernel, defined where Gluon is importable (Triton 3.6 or later)."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    @gluon.jit
+    def _split(x):
+        """``_tf32_split`` in Gluon: ``x = hi + lo``, ``hi`` rounded to tf32."""
+        bits = x.to(gl.uint32, bitcast=True)
+        hi = ((bits + 0x1000) & 0xFFFFE000).to(gl.float32, bitcast=True)
+        return hi, x - hi
 
     @gluon.jit
     def elimination_gluon_kernel(g_ptr, u_ptr, w_ptr, d_ptr, N, floor, C: gl.constexpr,
-                                 NW: gl.constexpr, BUG: gl.constexpr):  # fmt: skip
-        """As :func:`elimination_triton_kernel`, every warp holding the whole tile."""
+                                 NW: gl.constexpr, FROM_DOT: gl.constexpr,
+                                 BUG: gl.constexpr):  # fmt: skip
+        """As :func:`elimination_triton_kernel`, every warp holding the whole tile.
+        ``FROM_DOT``: ``G = U Uᵀ`` by tf32x3 ``mma_v2`` products, converted into the warp-local
+        layout once (its upper triangle from the transpose of its lower, so the tile is
+        exactly symmetric), as a chain kernel in Gluon would take it."""
         L: gl.constexpr = gl.BlockedLayout([1, C // 2], [16, 2], [NW, 1], [1, 0])
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW],
+                                                      instr_shape=[16, 8])  # fmt: skip
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
+        LU: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [NW, 1], [1, 0])  # U [C, 64]
+        LUT: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, NW], [0, 1])  # Uᵀ [64, C]
         rows = gl.arange(0, C, layout=gl.SliceLayout(1, L))
         cols = gl.arange(0, C, layout=gl.SliceLayout(0, L))
+        ur = gl.arange(0, C, layout=gl.SliceLayout(1, LU))
+        uk = gl.arange(0, 64, layout=gl.SliceLayout(0, LU))
+        tk = gl.arange(0, 64, layout=gl.SliceLayout(1, LUT))
+        tc = gl.arange(0, C, layout=gl.SliceLayout(0, LUT))
         pid = gl.program_id(0)
         offs = rows[:, None] * C + cols[None, :]
         eye = gl.where(rows[:, None] == cols[None, :], 1.0, 0.0)
@@ -118,7 +144,24 @@ def _gluon_kernel() -> Any:
         Y = eye
         d = gl.full([C], 1.0, gl.float32, gl.SliceLayout(1, L))
         for i in range(N):
-            G = gl.load(g_ptr + (pid.to(gl.int64) * N + i) * C * C + offs)
+            if FROM_DOT:
+                ub = u_ptr + (pid.to(gl.int64) * N + i) * C * 64
+                U = gl.load(ub + ur[:, None] * 64 + uk[None, :])
+                UT = gl.load(ub + tc[None, :] * 64 + tk[:, None])
+                Uh, Ul = _split(U)
+                Th, Tl = _split(UT)
+                acc = gl.zeros([C, C], gl.float32, MMA)
+                acc = mma_v2(gl.convert_layout(Ul, A_OP), gl.convert_layout(Th, B_OP), acc,
+                             input_precision="tf32")  # fmt: skip
+                acc = mma_v2(gl.convert_layout(Uh, A_OP), gl.convert_layout(Tl, B_OP), acc,
+                             input_precision="tf32")  # fmt: skip
+                acc = mma_v2(gl.convert_layout(Uh, A_OP), gl.convert_layout(Th, B_OP), acc,
+                             input_precision="tf32")  # fmt: skip
+                G = gl.convert_layout(acc, L)
+                GT = gl.convert_layout(gl.permute(acc, [1, 0]), L)
+                G = gl.where(rows[:, None] >= cols[None, :], G, GT)
+            else:
+                G = gl.load(g_ptr + (pid.to(gl.int64) * N + i) * C * C + offs)
             M = eye + G + dep
             Y = eye
             Y0 = eye
@@ -189,7 +232,8 @@ def run(kernel: Any, g: Any, u: Any, N: int, bug: int = 0, gluon: bool = False,
     w = torch.empty(programs, P, P, dtype=torch.float32, device=g.device)
     d = torch.empty(programs, P, dtype=torch.float32, device=g.device)
     if gluon:
-        kernel[(programs,)](g, u, w, d, N, FLOOR, C=P, NW=WARPS, BUG=bug, num_warps=WARPS)
+        kernel[(programs,)](g, u, w, d, N, FLOOR, C=P, NW=WARPS, FROM_DOT=from_dot, BUG=bug,
+                            num_warps=WARPS)  # fmt: skip
     else:
         kernel[(programs,)](g, u, w, d, N, FLOOR, C=P, FROM_DOT=from_dot, BUG=bug,
                             num_warps=WARPS)  # fmt: skip
@@ -197,11 +241,13 @@ def run(kernel: Any, g: Any, u: Any, N: int, bug: int = 0, gluon: bool = False,
 
 
 def variants() -> list[tuple[str, Any, dict[str, bool]]]:
-    """(name, kernel, :func:`run`'s flags): the shipped elimination on a loaded tile and on a
-    tile from the chain's product, and the warp-local one."""
+    """(name, kernel, :func:`run`'s flags): the shipped elimination and the warp-local one,
+    each on a loaded tile and on a tile from a tf32x3 product (module docstring)."""
+    gluon = _gluon_kernel()
     return [("triton", elimination_triton_kernel, {}),
             ("triton_from_dot", elimination_triton_kernel, {"from_dot": True}),
-            ("gluon", _gluon_kernel(), {"gluon": True})]  # fmt: skip
+            ("gluon", gluon, {"gluon": True}),
+            ("gluon_from_dot", gluon, {"gluon": True, "from_dot": True})]  # fmt: skip
 
 
 def measure(out: Path) -> None:
@@ -248,7 +294,9 @@ def preflight(out: Path | None) -> list[dict[str, Any]]:
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "w_ptr": "*fp32", "d_ptr": "*fp32", "N": "i32",
            "floor": "fp32", "C": "constexpr", "BUG": "constexpr"}  # fmt: skip
     for name, fn, flags in variants():
-        extra = {"NW": WARPS} if flags.get("gluon") else {"FROM_DOT": bool(flags.get("from_dot"))}
+        extra: dict[str, Any] = {"FROM_DOT": bool(flags.get("from_dot"))}
+        if flags.get("gluon"):
+            extra["NW"] = WARPS
         signature = dict(sig, **{k: "constexpr" for k in extra})
         # Gluon's source sets the module's warps before its layouts are verified.
         kind = GluonASTSource if flags.get("gluon") else ASTSource
