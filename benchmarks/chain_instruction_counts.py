@@ -89,7 +89,11 @@ def per_chunk(sass: str, source: list[str], cp: int) -> dict[str, Any]:
         )
         function = where.most_common(1)[0][0]
         trips = _inner_trips(function, cp)
-        inner.append({"function": function, "instructions": hi - lo + 1, "trips": trips})
+        body = [seq[k][1] for k in range(lo, hi + 1)]
+        # Barriers and shuffles on each trip: the exchanges between warps and inside a warp.
+        inner.append({"function": function, "instructions": hi - lo + 1, "trips": trips,
+                      "bar": sum(" BAR" in f" {ins}" for ins in body),
+                      "shfl": sum("SHFL" in ins for ins in body)})  # fmt: skip
         for k in range(lo, hi + 1):
             weight[k] = trips
     ops: collections.Counter[str] = collections.Counter()

@@ -52,11 +52,18 @@ def _listing(inner_line: int) -> str:
 def test_inner_loops_count_once_per_trip() -> None:
     row = per_chunk(_listing(4), _SOURCE, cp=16)
     assert row["inner_loops"] == [
-        {"function": "_ldl_solve_clamped", "instructions": 5, "trips": 16}
+        {"function": "_ldl_solve_clamped", "instructions": 5, "trips": 16, "bar": 0, "shfl": 1}
     ]
     assert row["per_chunk"] == 3 + 5 * 16
     assert row["by_opcode"]["SHFL"] == 16
     assert row["by_opcode"]["STG"] == 1
+
+
+def test_an_inner_loops_barriers_are_counted_per_trip() -> None:
+    listing = _listing(4).replace("FFMA R4, R4, R6, R4", "BAR.SYNC.DEFER_BLOCKING 0x0")
+    row = per_chunk(listing, _SOURCE, cp=16)
+    assert row["inner_loops"][0]["bar"] == 1
+    assert row["by_opcode"]["BAR"] == 16
 
 
 def test_the_inverse_runs_one_step_fewer() -> None:

@@ -31,17 +31,20 @@ variants (:func:`variants`):
 each against :func:`reference` (float64 LDLᵀ) on the chain's last matrix, within
 :func:`tolerance`; then ``triton.testing.do_bench`` of each at 528 programs (four 2-warp
 programs on each of 132 SMs, as the float32 chain runs at D = 64, T = 16384) and at 16, in
-µs per elimination.  ``--preflight JSON`` builds them for sm_90 without a GPU and counts each
-one's barriers (``bar.sync``) and shuffles (``shfl.sync``) in its PTX (static counts, loops
-not unrolled), its registers and stack: with Triton 3.6
-(``benchmarks/results/sm90/preflight_warp_local_elimination.json``) 11, 4, 0 and 18 barriers
-(the last in its operands' and product's conversions, outside the pivots' loop), 48, 143, 64
-and 124 registers, no stack.
+µs per elimination.  ``--preflight JSON`` builds them for sm_90 without a GPU and reads each
+one's pivots' loop in its SASS (:func:`pivot_loop`), registers and stack.
 
-What it decides: if the warp-local pivots take a small part of the shipped ones' time, a
-penalty chain written in Gluon (its products through ``mma_v2``, the tile converted into the
-warp-local layout once a chunk) is worth building; if not, the pivots are not what sets the
-chain's walk.  Not yet run on a GPU.
+What the builds say (Triton 3.6, ``benchmarks/results/sm90/preflight_warp_local_elimination.json``;
+instructions / barriers / shuffles a pivot): ``triton`` 121 / 8 / 20, ``triton_from_dot``
+127 / 0 / 23, ``gluon`` and ``gluon_from_dot`` 245 / 0 / 69; the shipped chain's own loop
+(``benchmarks/chain_instruction_counts.py``, the float32 chain at D = 64, 2 warps) 99 / 5 / 14.
+The warp-local form removes the barriers and doubles the instructions (each thread holds 8 of
+the tile's 256 entries instead of 4, and reduces the row as well as the column); where a
+chunk's time follows its instruction count, as ``chain_instruction_counts.py`` takes it to, it
+would be slower.  Only a timing says which costs more on the chain's path, the barriers or the
+instructions: if the warp-local pivots take a small part of the shipped ones' time, a penalty
+chain written in Gluon (its products through ``mma_v2``, the tile converted into the warp-local
+layout once a chunk) is worth building.  Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -280,8 +283,33 @@ def measure(out: Path) -> None:
         out.write_text(json.dumps(result, indent=1))
 
 
+def pivot_loop(sass: str) -> dict[str, int]:
+    """The innermost loop of at least four instructions in ``nvdisasm -c`` output (the pivots'
+    loop: the eliminations' loop holds it): its instructions, barriers (``BAR``) and shuffles
+    (``SHFL``) per trip."""
+    labels: dict[str, int] = {}
+    seq: list[str] = []
+    for text in sass.split("\n"):
+        m = re.match(r"\s*(\.L_x_\d+):", text)
+        if m:
+            labels[m.group(1)] = len(seq)
+            continue
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", text)
+        if m:
+            seq.append(m.group(1))
+    loops = []
+    for i, ins in enumerate(seq):
+        m = re.search(r"BRA[^;]*?(\.L_x_\d+)", ins)
+        if m and labels.get(m.group(1), len(seq)) <= i and i - labels[m.group(1)] >= 3:
+            loops.append(seq[labels[m.group(1)] : i + 1])
+    body = min(loops, key=len)
+    return {"instructions": len(body), "bar": sum(" BAR" in f" {x}" for x in body),
+            "shfl": sum("SHFL" in x for x in body)}  # fmt: skip
+
+
 def preflight(out: Path | None) -> list[dict[str, Any]]:
-    """Both kernels built for sm_90 (no GPU): barriers, shuffles, registers, stack."""
+    """Every variant built for sm_90 (no GPU): its pivots' loop (:func:`pivot_loop`), registers
+    and stack."""
     import subprocess
     import tempfile
 
@@ -290,7 +318,7 @@ def preflight(out: Path | None) -> list[dict[str, Any]]:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     rows = []
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "w_ptr": "*fp32", "d_ptr": "*fp32", "N": "i32",
            "floor": "fp32", "C": "constexpr", "BUG": "constexpr"}  # fmt: skip
     for name, fn, flags in variants():
@@ -303,15 +331,14 @@ def preflight(out: Path | None) -> list[dict[str, Any]]:
         source = kind(fn=fn, signature=signature, constexprs={"C": P, "BUG": 0, **extra})
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": WARPS})  # fmt: skip
-        ptx = compiled.asm["ptx"]
-        row: dict[str, Any] = {"kernel": name, "num_warps": WARPS,
-                               "bar_sync": len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
-                               "shfl_sync": len(re.findall(r"\bshfl\.sync", ptx))}  # fmt: skip
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", f.name],
+            sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True,
+                                  text=True, check=True).stdout  # fmt: skip
+            usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
                                    capture_output=True, text=True).stdout  # fmt: skip
+        row: dict[str, Any] = {"kernel": name, "num_warps": WARPS, "pivot_loop": pivot_loop(sass)}
         for field in ("REG", "STACK"):
             m = re.search(rf"{field}:(\d+)", usage)
             row[field.lower()] = int(m.group(1)) if m else None
