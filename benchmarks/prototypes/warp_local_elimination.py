@@ -22,6 +22,8 @@ variants (:func:`variants`):
   chain calls it, on a loaded tile;
 - ``triton_from_dot``: the same on ``G = U Uᵀ`` formed by the chain's tf32x3 product, so the
   tile comes in the tensor cores' layout as in the chain;
+- ``triton_as_chain``: besides, ``L^{-1}`` feeds a tf32x3 product as in the chain, whose
+  operand layout then reaches back into the elimination's loop: its build is the chain's loop;
 - ``gluon``: the same steps in the warp-local layout, on a loaded tile;
 - ``gluon_from_dot``: the same on ``G = U Uᵀ`` formed by tf32x3 ``mma_v2`` products and
   converted into the warp-local layout once an elimination (through shared memory: the barriers
@@ -36,15 +38,18 @@ one's pivots' loop in its SASS (:func:`pivot_loop`), registers and stack.
 
 What the builds say (Triton 3.6, ``benchmarks/results/sm90/preflight_warp_local_elimination.json``;
 instructions / barriers / shuffles a pivot): ``triton`` 121 / 8 / 20, ``triton_from_dot``
-127 / 0 / 23, ``gluon`` and ``gluon_from_dot`` 245 / 0 / 69; the shipped chain's own loop
-(``benchmarks/chain_instruction_counts.py``, the float32 chain at D = 64, 2 warps) 99 / 5 / 14.
-The warp-local form removes the barriers and doubles the instructions (each thread holds 8 of
-the tile's 256 entries instead of 4, and reduces the row as well as the column); where a
-chunk's time follows its instruction count, as ``chain_instruction_counts.py`` takes it to, it
-would be slower.  Only a timing says which costs more on the chain's path, the barriers or the
-instructions: if the warp-local pivots take a small part of the shipped ones' time, a penalty
-chain written in Gluon (its products through ``mma_v2``, the tile converted into the warp-local
-layout once a chunk) is worth building.  Not yet run on a GPU.
+127 / 0 / 23, ``triton_as_chain`` 98 / 5 / 14, the shipped chain's own loop 99 / 5 / 14
+(``benchmarks/chain_instruction_counts.py``, the float32 chain at D = 64, 2 warps), ``gluon``
+and ``gluon_from_dot`` 245 / 0 / 69.  So plain Triton already runs the pivots without a barrier
+where the loop keeps the product's layout (``triton_from_dot``), for 29 more instructions a
+pivot; the warp-local form removes the barriers for two and a half times the instructions
+(each thread holds 8 of the tile's 256 entries instead of 4, and reduces the row as well as
+the column).  Where a chunk's time follows its instruction count, as
+``chain_instruction_counts.py`` takes it to, neither is faster; only a timing says which costs
+more on the chain's path, the barriers or the instructions.  If ``triton_from_dot`` beats
+``triton_as_chain`` by much, the chain's loop should keep the product's layout; if ``gluon``
+does, a penalty chain written in Gluon (its products through ``mma_v2``, the tile converted
+into the warp-local layout once a chunk) is worth building.  Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -83,7 +88,8 @@ def elimination_triton_kernel(g_ptr, u_ptr, w_ptr, d_ptr, N, floor, C: tl.conste
     backend's ``_ldl_solve_clamped`` on ``[I + G | I]``; stores the last ``L^{-1}`` (``w``
     ``[programs, C, C]``) and pivots (``d`` ``[programs, C]``).  ``FROM_DOT``: ``G_i = U_i U_iᵀ``
     formed from ``u`` ``[programs, N, C, 64]`` by the chain's tf32x3 product, so that the tile
-    comes in the tensor cores' layout as in the chain (the loaded ``g`` unused)."""
+    comes in the tensor cores' layout as in the chain (the loaded ``g`` unused); 2: besides,
+    ``L^{-1}`` feeds a tf32x3 product ``L^{-1} U`` as in the chain."""
     pid = tl.program_id(0)
     o = tl.arange(0, C)
     ok = tl.arange(0, 64)
@@ -101,7 +107,14 @@ def elimination_triton_kernel(g_ptr, u_ptr, w_ptr, d_ptr, N, floor, C: tl.conste
         else:
             G = tl.load(g_ptr + (pid.to(tl.int64) * N + i) * C * C + offs)
         W, d, _ = _ldl_solve_clamped(eye + G + dep, eye, o, o, floor, C, BUG)
-        dep = tl.sum(tl.sum(W, axis=1), axis=0) * 1e-30
+        if FROM_DOT == 2:
+            # W feeds a tf32x3 product, as L^{-1} does in the chain (W = L^{-1} Y): the
+            # product's operand layout then reaches back into the elimination's loop.
+            Wh, Wl = _tf32_split(W)
+            Z = _tf32x3_dot(Wh, Wl, Uh, Ul, tl.zeros([C, 64], tl.float32), False)
+            dep = tl.sum(tl.sum(Z, axis=1), axis=0) * 1e-30
+        else:
+            dep = tl.sum(tl.sum(W, axis=1), axis=0) * 1e-30
     tl.store(w_ptr + pid * C * C + offs, W)
     tl.store(d_ptr + pid * C + o, d)
 
@@ -226,7 +239,7 @@ def check(W: np.ndarray, d: np.ndarray, G_last: np.ndarray) -> float:
 
 
 def run(kernel: Any, g: Any, u: Any, N: int, bug: int = 0, gluon: bool = False,
-        from_dot: bool = False) -> tuple[Any, Any]:  # fmt: skip
+        from_dot: int = 0) -> tuple[Any, Any]:  # fmt: skip
     """One launch over ``g`` ``[programs, N, P, P]`` and ``u`` ``[programs, N, P, 64]`` (torch
     tensors); ``(W, d)``."""
     import torch
@@ -243,14 +256,15 @@ def run(kernel: Any, g: Any, u: Any, N: int, bug: int = 0, gluon: bool = False,
     return w, d
 
 
-def variants() -> list[tuple[str, Any, dict[str, bool]]]:
+def variants() -> list[tuple[str, Any, dict[str, Any]]]:
     """(name, kernel, :func:`run`'s flags): the shipped elimination and the warp-local one,
     each on a loaded tile and on a tile from a tf32x3 product (module docstring)."""
     gluon = _gluon_kernel()
     return [("triton", elimination_triton_kernel, {}),
-            ("triton_from_dot", elimination_triton_kernel, {"from_dot": True}),
+            ("triton_from_dot", elimination_triton_kernel, {"from_dot": 1}),
+            ("triton_as_chain", elimination_triton_kernel, {"from_dot": 2}),
             ("gluon", gluon, {"gluon": True}),
-            ("gluon_from_dot", gluon, {"gluon": True, "from_dot": True})]  # fmt: skip
+            ("gluon_from_dot", gluon, {"gluon": True, "from_dot": 1})]  # fmt: skip
 
 
 def measure(out: Path) -> None:
@@ -322,7 +336,7 @@ def preflight(out: Path | None) -> list[dict[str, Any]]:
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "w_ptr": "*fp32", "d_ptr": "*fp32", "N": "i32",
            "floor": "fp32", "C": "constexpr", "BUG": "constexpr"}  # fmt: skip
     for name, fn, flags in variants():
-        extra: dict[str, Any] = {"FROM_DOT": bool(flags.get("from_dot"))}
+        extra: dict[str, Any] = {"FROM_DOT": int(flags.get("from_dot", 0))}
         if flags.get("gluon"):
             extra["NW"] = WARPS
         signature = dict(sig, **{k: "constexpr" for k in extra})
