@@ -22,8 +22,10 @@ variants (:func:`variants`):
   chain calls it, on a loaded tile;
 - ``triton_from_dot``: the same on ``G = U Uᵀ`` formed by the chain's tf32x3 product, so the
   tile comes in the tensor cores' layout as in the chain;
-- ``triton_as_chain``: besides, ``L^{-1}`` feeds a tf32x3 product as in the chain, whose
-  operand layout then reaches back into the elimination's loop: its build is the chain's loop;
+- ``triton_as_chain``: besides, ``L^{-1}`` feeds a tf32x3 product ``L^{-1} U`` (``16 × 64``)
+  as in the chain: its build is the chain's loop;
+- ``triton_as_chain_through_memory``: the same with ``L^{-1}`` stored and loaded back before
+  that product;
 - ``gluon``: the same steps in the warp-local layout, on a loaded tile;
 - ``gluon_from_dot``: the same on ``G = U Uᵀ`` formed by tf32x3 ``mma_v2`` products and
   converted into the warp-local layout once an elimination (through shared memory: the barriers
@@ -38,18 +40,25 @@ one's pivots' loop in its SASS (:func:`pivot_loop`), registers and stack.
 
 What the builds say (Triton 3.6, ``benchmarks/results/sm90/preflight_warp_local_elimination.json``;
 instructions / barriers / shuffles a pivot): ``triton`` 121 / 8 / 20, ``triton_from_dot``
-127 / 0 / 23, ``triton_as_chain`` 98 / 5 / 14, the shipped chain's own loop 99 / 5 / 14
-(``benchmarks/chain_instruction_counts.py``, the float32 chain at D = 64, 2 warps), ``gluon``
-and ``gluon_from_dot`` 245 / 0 / 69.  So plain Triton already runs the pivots without a barrier
-where the loop keeps the product's layout (``triton_from_dot``), for 29 more instructions a
-pivot; the warp-local form removes the barriers for two and a half times the instructions
-(each thread holds 8 of the tile's 256 entries instead of 4, and reduces the row as well as
-the column).  Where a chunk's time follows its instruction count, as
-``chain_instruction_counts.py`` takes it to, neither is faster; only a timing says which costs
-more on the chain's path, the barriers or the instructions.  If ``triton_from_dot`` beats
-``triton_as_chain`` by much, the chain's loop should keep the product's layout; if ``gluon``
-does, a penalty chain written in Gluon (its products through ``mma_v2``, the tile converted
-into the warp-local layout once a chunk) is worth building.  Not yet run on a GPU.
+127 / 0 / 23, ``triton_as_chain`` and ``..._through_memory`` 98 / 5 / 14, the shipped chain's
+own loop 99 / 5 / 14 (``benchmarks/chain_instruction_counts.py``, the float32 chain at D = 64,
+2 warps), ``gluon`` and ``gluon_from_dot`` 245 / 0 / 69.  What decides it is how Triton spreads
+the product ``G`` over the warps (its TTGIR's MMA layout, ``mma_warps_per_cta`` in the rows):
+alone, ``G``'s ``16 × 16`` tile goes to both warps whole (``warpsPerCTA = [2, 1]``, the second
+warp a copy), and the pivots' reductions stay inside a warp; beside a ``16 × 64`` product that
+shares an operand (Triton gives a product connected through operands and results to one it
+has already placed that one's layout) the warps split its columns (``[1, 2]``), and every pivot's
+column crosses them.  So plain Triton runs the pivots without a barrier where ``G``'s product
+keeps both warps on all its rows, for 29 more instructions a pivot; the warp-local Gluon form
+removes the barriers for two and a half times the instructions (each thread holds 8 of the
+tile's 256 entries instead of 4, and reduces the row as well as the column).  Where a chunk's
+time follows its instruction count, as ``chain_instruction_counts.py`` takes it to, neither is
+faster; only a timing says which costs more on the chain's path, the barriers or the
+instructions.  If ``triton_from_dot`` beats
+``triton_as_chain`` by much, the chain's ``G`` should be formed with both warps on all its
+rows (in Gluon, where each product's layout is chosen, or by a conversion once a chunk); if
+``gluon`` does, a penalty chain written in Gluon (its products through ``mma_v2``, the tile
+converted into the warp-local layout once a chunk) is worth building.  Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -107,10 +116,17 @@ def elimination_triton_kernel(g_ptr, u_ptr, w_ptr, d_ptr, N, floor, C: tl.conste
         else:
             G = tl.load(g_ptr + (pid.to(tl.int64) * N + i) * C * C + offs)
         W, d, _ = _ldl_solve_clamped(eye + G + dep, eye, o, o, floor, C, BUG)
-        if FROM_DOT == 2:
+        if FROM_DOT >= 2:
             # W feeds a tf32x3 product, as L^{-1} does in the chain (W = L^{-1} Y): the
             # product's operand layout then reaches back into the elimination's loop.
-            Wh, Wl = _tf32_split(W)
+            Wp = W
+            if FROM_DOT == 3:
+                # Through memory: the product reads W from a store (its own layout), and the
+                # loop keeps the layout of the product that formed G.
+                tl.store(w_ptr + pid * C * C + offs, W)
+                tl.debug_barrier()
+                Wp = tl.load(w_ptr + pid * C * C + offs)
+            Wh, Wl = _tf32_split(Wp)
             Z = _tf32x3_dot(Wh, Wl, Uh, Ul, tl.zeros([C, 64], tl.float32), False)
             dep = tl.sum(tl.sum(Z, axis=1), axis=0) * 1e-30
         else:
@@ -263,6 +279,7 @@ def variants() -> list[tuple[str, Any, dict[str, Any]]]:
     return [("triton", elimination_triton_kernel, {}),
             ("triton_from_dot", elimination_triton_kernel, {"from_dot": 1}),
             ("triton_as_chain", elimination_triton_kernel, {"from_dot": 2}),
+            ("triton_as_chain_through_memory", elimination_triton_kernel, {"from_dot": 3}),
             ("gluon", gluon, {"gluon": True}),
             ("gluon_from_dot", gluon, {"gluon": True, "from_dot": 1})]  # fmt: skip
 
@@ -353,6 +370,9 @@ def preflight(out: Path | None) -> list[dict[str, Any]]:
             usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
                                    capture_output=True, text=True).stdout  # fmt: skip
         row: dict[str, Any] = {"kernel": name, "num_warps": WARPS, "pivot_loop": pivot_loop(sass)}
+        # How the tensor cores' tiles are spread over the warps (TTGIR's MMA layouts).
+        row["mma_warps_per_cta"] = sorted(set(re.findall(
+            r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+, \d+)\]", compiled.asm["ttgir"])))  # fmt: skip
         for field in ("REG", "STACK"):
             m = re.search(rf"{field}:(\d+)", usage)
             row[field.lower()] = int(m.group(1)) if m else None
