@@ -49,9 +49,10 @@ def _inner_trips(function: str, cp: int) -> int:
     raise ValueError(f"a loop in {function!r} inside the chunk loop: its trip count is not known")
 
 
-def per_chunk(sass: str, source: list[str], cp: int) -> dict[str, Any]:
-    """The dynamic instruction count of one chunk from ``nvdisasm -g -c`` output ``sass``
-    (``source``: the kernels' module, as lines, to name the function of each inner loop)."""
+def sass_loops(sass: str) -> tuple[list[tuple[int | None, str]], list[tuple[int, int]]]:
+    """The instructions of ``nvdisasm -c`` output ``sass`` in order, each with the line of
+    ``triton_chunked_kernels.py`` it comes from (``-g`` output; ``None`` without), and its loops
+    as ``(first, last)`` indices: each backward branch and its target."""
     labels: dict[str, int] = {}
     seq: list[tuple[int | None, str]] = []
     line: int | None = None
@@ -72,6 +73,13 @@ def per_chunk(sass: str, source: list[str], cp: int) -> dict[str, Any]:
         m = re.search(r"BRA[^;]*?(\.L_x_\d+)", ins)
         if m and labels.get(m.group(1), len(seq)) <= i:
             loops.append((labels[m.group(1)], i))
+    return seq, loops
+
+
+def per_chunk(sass: str, source: list[str], cp: int) -> dict[str, Any]:
+    """The dynamic instruction count of one chunk from ``nvdisasm -g -c`` output ``sass``
+    (``source``: the kernels' module, as lines, to name the function of each inner loop)."""
+    seq, loops = sass_loops(sass)
     if not loops:
         raise ValueError("no loop in the build")
     outer = max(loops, key=lambda r: r[1] - r[0])

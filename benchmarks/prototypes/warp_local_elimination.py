@@ -318,22 +318,12 @@ def pivot_loop(sass: str) -> dict[str, int]:
     """The innermost loop of at least four instructions in ``nvdisasm -c`` output (the pivots'
     loop: the eliminations' loop holds it): its instructions, barriers (``BAR``) and shuffles
     (``SHFL``) per trip."""
-    labels: dict[str, int] = {}
-    seq: list[str] = []
-    for text in sass.split("\n"):
-        m = re.match(r"\s*(\.L_x_\d+):", text)
-        if m:
-            labels[m.group(1)] = len(seq)
-            continue
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", text)
-        if m:
-            seq.append(m.group(1))
-    loops = []
-    for i, ins in enumerate(seq):
-        m = re.search(r"BRA[^;]*?(\.L_x_\d+)", ins)
-        if m and labels.get(m.group(1), len(seq)) <= i and i - labels[m.group(1)] >= 3:
-            loops.append(seq[labels[m.group(1)] : i + 1])
-    body = min(loops, key=len)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from chain_instruction_counts import sass_loops
+
+    seq, loops = sass_loops(sass)
+    lo, hi = min((r for r in loops if r[1] - r[0] >= 3), key=lambda r: r[1] - r[0])
+    body = [ins for _, ins in seq[lo : hi + 1]]
     return {"instructions": len(body), "bar": sum(" BAR" in f" {x}" for x in body),
             "shfl": sum("SHFL" in x for x in body)}  # fmt: skip
 
