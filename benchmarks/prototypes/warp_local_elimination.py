@@ -2,20 +2,21 @@
 warp, as a micro-benchmark (not a backend; design doc ``docs/design/triton_chunked.md``,
 "The forward's floor against fla's `chunk_delta_rule`").
 
-The float32 chain walks a block one chunk of ``P = 16`` tokens after another, and a chunk takes
-about 14 µs at D = 64 on an H100 where its products would take about 1.6 µs at a quarter of an
-SM's tf32 rate.  The design doc infers that the 16 pivots of the chunk's elimination
-(``_ldl_solve_clamped`` on ``[I + G | I]``) set it: each pivot reduces a column of the
-``P × P`` tile across the program's warps and converts its multipliers from one slice layout to
-the other, about five barriers a pivot.  Plain Triton spreads every tile over all the
-program's warps, so it cannot keep the tile inside one warp; Gluon (Triton's layout-explicit
-dialect) can: with ``BlockedLayout([1, P/2], [16, 2], [warps, 1], [1, 0])`` one warp covers the
-whole ``16 × 16`` tile and the other warps hold copies, so every reduction is a warp's shuffles
-and no step needs a barrier.  The tile is kept exactly symmetric (the multipliers from the
-column and from the row are the same numbers), so the update needs no layout conversion.
+The float32 chain walks a block one chunk of ``P = 16`` tokens after another, and a chunk
+takes about 14.5 µs at D = 64 on an H100 (the chain's kernel 0.465 ms for blocks of 32 chunks
+at T = 16384, ``benchmarks/results/h100/chunk_30b44f2.json``) where its products would take
+about 1.6 µs at a quarter of an SM's tf32 rate.  The design doc infers that the 16 pivots of
+the chunk's elimination (``_ldl_solve_clamped`` on ``[I + G | I]``) set it: each pivot
+reduces a column of the ``P × P`` tile across the program's warps, five barriers a pivot.
+Plain Triton spreads every tile over the program's warps as it chooses; Gluon (Triton's
+layout-explicit dialect) lets the kernel choose: with ``BlockedLayout([1, P/2], [16, 2],
+[warps, 1], [1, 0])`` one warp covers the whole ``16 × 16`` tile and the other warps hold
+copies, so every reduction is a warp's shuffles and no step needs a barrier.  The tile is kept
+exactly symmetric (the multipliers from the column and from the row are the same numbers), so
+the update needs no layout conversion.
 
 One program per chain of ``N`` dependent eliminations (each matrix ``I + G_i`` nudged by a
-negligible function of the previous result, so the eliminations cannot overlap), in three
+negligible function of the previous result, so the eliminations cannot overlap), in six
 variants (:func:`variants`):
 
 - ``triton``: :func:`elimination_triton_kernel`, the backend's ``_ldl_solve_clamped`` as the
