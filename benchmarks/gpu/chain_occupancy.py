@@ -15,16 +15,12 @@ whole forward's device time (torch.profiler, mean of five calls)::
 
     python benchmarks/gpu/chain_occupancy.py OUT.json [--sizes 64x16384 ...]
 
-A variant is ``warps:blocks``; ``default`` is the shipped plan.  ``--penalty-chunks 16 32``
-runs every variant at each penalty chunk ``P`` (``penalty_chunk``; the label gains ``/P32``):
-the chain's dependent steps per token stay one pivot whatever ``P``, while its loads and stores
-of ``X`` per token fall as ``1/P``.
+A variant is ``warps:blocks``; ``default`` is the shipped plan; ``--variants`` runs a subset.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -61,7 +57,6 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["64x4096", "64x16384", "64x65536",
                                                    "128x16384"])  # fmt: skip
     ap.add_argument("--no-backward", action="store_true")
-    ap.add_argument("--penalty-chunks", type=int, nargs="+", default=[16])
     ap.add_argument(
         "--variants",
         nargs="+",
@@ -85,28 +80,25 @@ def main() -> None:
         chosen = VARIANTS[D] if a.variants is None else tuple(
             None if v == "default" else tuple(int(n) for n in v.split(":"))
             for v in a.variants)  # fmt: skip
-        for variant, P in itertools.product(chosen, a.penalty_chunks):
+        for variant in chosen:
             warps = default_warps if variant is None else {**default_warps, BK: variant[0]}
-            block = None if variant is None else -(-T // variant[1] // P) * P
+            block = None if variant is None else -(-T // variant[1] // 16) * 16
 
-            def fwd(args: list[Any] = args, block: int | None = block, P: int = P) -> Any:
-                return tc.chunked_vla(*args, config=cfg, penalty_block=block, penalty_chunk=P)[0]
+            def fwd(args: list[Any] = args, block: int | None = block) -> Any:
+                return tc.chunked_vla(*args, config=cfg, penalty_block=block)[0]
 
-            def forward(q: Any, k: Any, v: Any, u: Any, block: int | None = block,
-                        P: int = P) -> Any:  # fmt: skip
-                return tc.chunked_vla(q, k, v, u, config=cfg, penalty_block=block,
-                                      penalty_chunk=P)[0]  # fmt: skip
+            def forward(q: Any, k: Any, v: Any, u: Any, block: int | None = block) -> Any:
+                return tc.chunked_vla(q, k, v, u, config=cfg, penalty_block=block)[0]
 
-            label = "default" if variant is None else f"{variant[0]}:{variant[1]}"
-            row: dict[str, Any] = {"D": D, "T": T, "penalty_chunk": P,
-                                   "variant": label if P == 16 else f"{label}/P{P}"}  # fmt: skip
+            row: dict[str, Any] = {"D": D, "T": T, "variant": "default" if variant is None
+                                   else f"{variant[0]}:{variant[1]}"}  # fmt: skip
             tc.PENALTY_CHAIN_WARPS = warps
             try:
                 o = fwd().float()
                 if base is None:
                     base = o
                 row["rel_diff"] = float((o - base).abs().max() / base.abs().max())
-                row["block_tokens"] = tc.penalty_block_length(T, P, block, dk=D, heads=16,
+                row["block_tokens"] = tc.penalty_block_length(T, 16, block, dk=D, heads=16,
                                                               device="cuda")  # fmt: skip
                 fb = None if a.no_backward else _grad_op(forward, leaves, x["do"])
                 fns.append((row, fwd, fb, warps))
