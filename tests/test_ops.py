@@ -114,6 +114,111 @@ def test_kernel_can_be_forced_and_a_bad_name_is_refused(kernels) -> None:
     assert info.value.argument == "kernel"
 
 
+class _Graph:
+    """A stand-in for a CUDA graph: a replay reruns the captured call on the captured inputs
+    and writes the captured outputs in place, as a graph does."""
+
+    def __init__(self, fn, inputs, outputs) -> None:  # type: ignore[no-untyped-def]
+        self.fn, self.inputs, self.outputs = fn, inputs, outputs
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for mine, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            mine.copy_(new)
+
+
+def _stand_in_capture(log: list[str]):  # type: ignore[no-untyped-def]
+    def capture(fn, tensors):  # type: ignore[no-untyped-def]
+        log.append("capture")
+        inputs = [x.clone() for x in tensors]
+        outputs = fn(*inputs)
+        return ops._Replay(_Graph(fn, inputs, outputs), inputs, outputs)
+
+    return capture
+
+
+def _graph_call(log: list[str]):  # type: ignore[no-untyped-def]
+    def fn(a, b):  # type: ignore[no-untyped-def]
+        log.append("eager")
+        return [a * 2 + b, a.sum().reshape(1)]
+
+    return fn
+
+
+def test_a_signature_is_captured_on_its_second_call_and_replayed_on_new_inputs() -> None:
+    """The first call runs eagerly, the second captures and replays, the third replays alone;
+    every result is the eager call's on that call's inputs (a cache that replayed without
+    copying the new inputs in would return the first call's), and the returned tensors are
+    copies that a later replay does not overwrite."""
+    log: list[str] = []
+    cache = ops._GraphCache(_stand_in_capture(log))
+    fn = _graph_call(log)
+    results = []
+    for i in range(3):
+        a, b = torch.full((3,), float(i + 1)), torch.arange(3.0) * (i + 1)
+        got = cache("sig", fn, [a, b], list)
+        want = [a * 2 + b, a.sum().reshape(1)]
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), i
+        results.append((got, want))
+        assert log.count("capture") == (0 if i == 0 else 1)
+    assert log[0] == "eager" and log[1] == "capture"
+    assert cache.graphs["sig"].graph.replays == 2  # type: ignore[union-attr]
+    for got, want in results:  # earlier results untouched by later replays
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_the_graph_cache_keeps_the_most_recently_used_signatures(monkeypatch) -> None:
+    monkeypatch.setattr(ops, "GRAPH_CAPACITY", 2)
+    log: list[str] = []
+    cache = ops._GraphCache(_stand_in_capture(log))
+    fn = _graph_call(log)
+    x = [torch.ones(2), torch.ones(2)]
+    for key in ("a", "a", "b", "b", "a", "c", "c"):
+        cache(key, fn, x, list)
+    assert list(cache.graphs) == ["a", "c"]  # "b" was the least recently used
+    assert log.count("capture") == 3
+
+
+def test_a_failed_capture_runs_the_signature_eagerly() -> None:
+    log: list[str] = []
+    cache = ops._GraphCache(lambda fn, tensors: log.append("capture"))  # returns None
+    fn = _graph_call(log)
+    a, b = torch.ones(2), torch.zeros(2)
+    for _ in range(4):
+        got = cache("sig", fn, [a, b], list)
+        assert torch.equal(got[0], a * 2 + b)
+    assert log.count("capture") == 1 and log.count("eager") == 4
+
+
+class _CudaLike:
+    """Shape, ``requires_grad`` and ``is_cuda`` of a CUDA tensor: what :func:`ops.vla` reads to
+    route a call."""
+
+    def __init__(self, T: int, grad: bool = False, dk: int = 4) -> None:
+        self.shape, self.requires_grad, self.is_cuda = (1, T, 1, dk), grad, True
+
+
+def test_only_inference_calls_of_the_chunked_kernel_up_to_the_bound_go_through_graphs(
+    kernels, monkeypatch
+) -> None:
+    routed: list[int] = []
+    monkeypatch.setattr(ops, "_graphed", lambda fn, q, *a: routed.append(q.shape[1]) or "graphed")
+    monkeypatch.setattr(ops, "GRAPH_MAX_TOKEN_HEADS", {4: 64})
+    x = _CudaLike
+    assert ops.vla(x(64), x(64), x(64), x(64), kernel="chunked") == "graphed"
+    assert ops.vla(x(65), x(65), x(65), x(65), kernel="chunked")[0] == "chunked"  # too long
+    wide = [_CudaLike(8, dk=8) for _ in range(4)]
+    assert ops.vla(*wide, kernel="chunked")[0] == "chunked"  # no row for dk = 8
+    state = (x(8), x(8), x(8))
+    assert ops.vla(x(8), x(8), x(8), x(8), kernel="chunked", initial_state=state)[0] == "chunked"
+    assert ops.vla(x(8), x(8), x(8), x(8), kernel="chunked", graphs=False)[0] == "chunked"
+    assert ops.vla(x(8), x(8, True), x(8), x(8), kernel="chunked")[0] == "chunked"  # training
+    assert ops.vla(x(8), x(8), x(8), x(8), kernel="recurrent")[0] == "recurrent"
+    assert ops.vla(_x(8), _x(8), _x(8), _x(8), kernel="chunked")[0] == "chunked"  # on the CPU
+    assert routed == [64]
+
+
 def test_import_vla_verify_ops_does_not_import_torch_or_triton() -> None:
     code = "import sys, vla_verify.ops; print('torch' in sys.modules, 'triton' in sys.modules)"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -165,3 +165,29 @@ def test_a_capture_leaves_no_unfilled_tensor_in_the_caches() -> None:
     assert not tc._IDENTITIES and not tc._ZERO_STATES
     for name, got, ref in zip(("o", "S", "A", "z"), forward(*statics), want, strict=True):
         assert torch.equal(got, ref), name
+
+
+def test_the_entry_points_graphs_give_the_eager_calls_results() -> None:
+    """``ops.vla``'s inference calls of the chunked kernel: the first eager, the second
+    captured, the later ones replayed, each on fresh inputs, equal ``chunked_vla`` called
+    directly bit for bit; so do the calls with a state and a ``start``, which run eagerly; one
+    graph is kept."""
+    from vla_verify import ops
+
+    config = VLAConfig()
+    ops.clear_graphs()
+    for seed in range(4):
+        x = _inputs(4096, 16, 64, seed=seed)
+        got = ops.vla(*x, config=config, kernel="chunked")
+        want = tc.chunked_vla(*x, config=config)
+        for name, a, b in zip(("o", "S", "A", "z"), (got[0], *got[1]), (want[0], *want[1]),
+                              strict=True):  # fmt: skip
+            assert torch.equal(a, b), (seed, name)
+    state = tuple(t.to(x[0].dtype) for t in want[1])  # spec §4: the inputs' dtype
+    want = tc.chunked_vla(*x, config=config, initial_state=state, start=7)
+    for _ in range(3):
+        got = ops.vla(*x, config=config, kernel="chunked", initial_state=state, start=7)
+        for a, b in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+            assert torch.equal(a, b)
+    assert len(ops._GRAPHS.graphs) == 1 and all(ops._GRAPHS.graphs.values())
+    ops.clear_graphs()
