@@ -989,12 +989,19 @@ def test_penalty_chain_warps_reach_the_launch(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_penalty_kernel_halves_its_warps_on_long_sequences() -> None:
-    """2 warps at a 64-wide key tile from ``HALF_PENALTY_WARPS_FROM`` tokens, else 4 up to 64
-    and 8 above; ``PENALTY_CHAIN_WARPS`` overrides."""
+    """Half the state kernels' warps (4 up to a 64-wide key tile, 8 above) from
+    ``HALF_PENALTY_WARPS_FROM`` tokens at a key tile width and chain dtype; a row for one chain
+    dtype leaves the other's count."""
     assert [tc._penalty_chain_warps(64, T) for T in (4096, 16383, 16384, 65536)] == [4, 4, 2, 2]
-    assert tc._penalty_chain_warps(33, 65536) == 2
+    assert tc._penalty_chain_warps(33, 65536, "float32") == 2
     assert tc._penalty_chain_warps(32, 65536) == 4
     assert tc._penalty_chain_warps(128, 65536) == 8
+    table = {(128, "float32"): 8192}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tc, "HALF_PENALTY_WARPS_FROM", table)
+        assert [tc._penalty_chain_warps(128, T, "float32") for T in (4096, 8192)] == [8, 4]
+        assert tc._penalty_chain_warps(128, 8192, "float64") == 8
+        assert tc._penalty_chain_warps(64, 65536, "float32") == 4
 
 
 @pytest.mark.parametrize("step", [1, 2, 32])

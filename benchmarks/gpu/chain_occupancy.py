@@ -98,8 +98,9 @@ def main() -> None:
                 if base is None:
                     base = o
                 row["rel_diff"] = float((o - base).abs().max() / base.abs().max())
-                row["block_tokens"] = tc.penalty_block_length(T, 16, block, dk=D, heads=16,
-                                                              device="cuda")  # fmt: skip
+                row["block_tokens"] = tc.penalty_block_length(
+                    T, 16, block, dk=D, heads=16, device="cuda", chain_dtype="float32"
+                )  # the bf16 inference forward's chain
                 fb = None if a.no_backward else _grad_op(forward, leaves, x["do"])
                 fns.append((row, fwd, fb, warps))
             except Exception as exc:  # a variant that does not build is recorded, not fatal

@@ -426,7 +426,10 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                            "mode": mode, "median_ms": ms}  # fmt: skip
                     if op == "vla_triton_chunked":
                         rec["penalty_dtype"] = _penalty_dtype(x, cfg)
-                        rec["block_tokens"] = penalty_block_length(T, 16, dk=D, heads=H, device=dev)
+                        chain = "float32" if mode == "fwd" and dt == torch.bfloat16 else "float64"
+                        rec["block_tokens"] = penalty_block_length(
+                            T, 16, dk=D, heads=H, device=dev, chain_dtype=chain
+                        )  # the chain "auto" takes (chunked_vla's penalty_dtype)
                         rec["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
                     if mode == "fwd" and RUN.get("graphs") and not smoke:
                         from forward_graph import eager_and_replayed

@@ -183,8 +183,9 @@ ONE_PENALTY_BLOCK_UP_TO: dict[int, int] = {64: 1024, 128: 2048}
 #: 15.1 ms: past 16 blocks of 4-warp programs, which fill one wave at B·H = 16, the penalty
 #: chain is no longer what the forward waits on, and more blocks cost their starts.
 MAX_PENALTY_BLOCKS = 16
-#: From this many tokens per sequence the penalty kernel runs with 2 warps at a key tile of
-#: this width, four programs to an SM, in up to twice as many blocks (:data:`MAX_PENALTY_BLOCKS`):
+#: From this many tokens per sequence the penalty kernel runs with half the state kernels' warps
+#: at a key tile width and chain dtype (``(BK, "float64" or "float32")``), twice the programs to
+#: an SM, in up to twice as many blocks (:data:`MAX_PENALTY_BLOCKS`, :func:`penalty_block_length`):
 #: each program's walk is short dependent reductions, bound by latency, so twice the programs
 #: per SM with half the warps each shorten the chain's walk where the blocks are long.  Side by
 #: side on an H100 (B = 1, H = 16, bf16, paper preset; ``benchmarks/gpu/chain_occupancy.py``,
@@ -192,9 +193,12 @@ MAX_PENALTY_BLOCKS = 16
 #: the forward + backward's medians), 2 warps in 32 blocks against 4 in 16: T = 16384
 #: 0.84 / 2.95 / 17.3 ms against 1.09 / 3.01 / 17.9; T = 65536 3.27 / 9.91 / 67.6 against
 #: 4.25 / 10.7 / 69.0.  At T = 4096 (blocks of 256 tokens) 2 warps are slower: the forward's
-#: device time 1.03 against 1.00 ms in 16 blocks, 1.15 in 32.  At D = 128 half the warps are
-#: slower in every block count measured (8 and 16 blocks at T = 16384).
-HALF_PENALTY_WARPS_FROM: dict[int, int] = {64: 16384}
+#: device time 1.03 against 1.00 ms in 16 blocks, 1.15 in 32.  At D = 128 half the warps were
+#: slower in every block count measured (8 and 16 blocks at T = 16384) with the float64 chain.
+HALF_PENALTY_WARPS_FROM: dict[tuple[int, str], int] = {
+    (64, "float64"): 16384,
+    (64, "float32"): 16384,
+}
 #: Registers per thread of the penalty kernel: every build of it reaches the 255 that sm_90
 #: allows (``benchmarks/results/sm90/preflight_*.json``), allocated in units of 256 per thread
 #: of a warp, so at 4 warps two programs fit an SM's 65536 registers and at 8 warps one.
@@ -349,6 +353,7 @@ def penalty_block_length(
     dk: int = 64,
     heads: int = 1,
     device: torch.device | str | None = None,
+    chain_dtype: str = "float64",
 ) -> int:
     """Tokens per penalty-chain block: ``penalty_block`` if given; else one block of ``T``
     tokens (rounded up to ``penalty_chunk``) up to the key width's
@@ -356,7 +361,8 @@ def penalty_block_length(
     at least the width's :data:`DEFAULT_PENALTY_BLOCK` and gives at most as many blocks as
     the penalty kernel's programs that run at once on ``device`` share among the ``heads``
     (``B·H``) sequences, and at most :data:`MAX_PENALTY_BLOCKS` (twice as many where its
-    programs have 2 warps: :data:`HALF_PENALTY_WARPS_FROM`).
+    programs have 2 warps: :data:`HALF_PENALTY_WARPS_FROM`); ``chain_dtype`` is the penalty
+    chain's, ``"float64"`` or ``"float32"``.
 
     Each block is one program walking its tokens one chunk after another, so the chain takes
     as long as its longest walk times the waves of programs: past one wave more blocks only
@@ -368,7 +374,7 @@ def penalty_block_length(
     chunks = max(1, math.ceil(T / penalty_chunk))
     if T <= _row(ONE_PENALTY_BLOCK_UP_TO, dk):
         return chunks * penalty_chunk
-    warps = _penalty_chain_warps(dk, T)
+    warps = _penalty_chain_warps(dk, T, chain_dtype)
     most = MAX_PENALTY_BLOCKS * max(1, 4 // warps)
     programs = _penalty_programs_at_once(device, warps)
     if programs is not None:
@@ -383,17 +389,17 @@ def _row(table: dict[int, int], dk: int) -> int:
     return next((n for w, n in sorted(table.items()) if dk <= w), table[max(table)])
 
 
-def _penalty_chain_warps(dk: int, T: int) -> int:
-    """Warps of the penalty kernel at key width ``dk`` over ``T`` tokens per sequence
-    (:data:`PENALTY_CHAIN_WARPS`, else 2 from the key tile width's
-    :data:`HALF_PENALTY_WARPS_FROM`, else the state kernels' 4 up to a 64-wide key tile and 8
-    above)."""
+def _penalty_chain_warps(dk: int, T: int, chain_dtype: str = "float64") -> int:
+    """Warps of the penalty kernel at key width ``dk`` over ``T`` tokens per sequence, its chain
+    in ``chain_dtype`` (:data:`PENALTY_CHAIN_WARPS`, else the state kernels' 4 up to a 64-wide
+    key tile and 8 above, halved from :data:`HALF_PENALTY_WARPS_FROM`)."""
     BK = max(32, _pow2(dk))
     if BK in PENALTY_CHAIN_WARPS:
         return PENALTY_CHAIN_WARPS[BK]
-    if T >= HALF_PENALTY_WARPS_FROM.get(BK, T + 1):
-        return 2
-    return 4 if BK <= 64 else 8
+    warps = 4 if BK <= 64 else 8
+    if T >= HALF_PENALTY_WARPS_FROM.get((BK, chain_dtype), T + 1):
+        return warps // 2
+    return warps
 
 
 _PROGRAMS_AT_ONCE: dict[tuple[int, int], int] = {}
@@ -737,7 +743,9 @@ def _forward(
     start_mod = start % period
     # Blocks of the penalty chain run in parallel from their start penalties, which are exact
     # only where no denominator is floored (penalty_block_starts); else one block.
-    block = (penalty_block_length(T, CP, penalty_block, dk=dk, heads=BH, device=dev)
+    chain_dtype = "float64" if pd == torch.float64 else "float32"
+    block = (penalty_block_length(T, CP, penalty_block, dk=dk, heads=BH, device=dev,
+                                  chain_dtype=chain_dtype)
              if parallel else CP * math.ceil(T / CP))  # fmt: skip
     NB = math.ceil(T / block)
     # The penalty chain reads float32 keys and penalties: Triton 3.6 fails to lower the
@@ -820,7 +828,7 @@ def _forward(
             NORMALIZE_GATE=config.normalize_gate, SAVE_CKPT=save_checkpoints,
             SAVE_CHAIN=save_checkpoints, BKS=BKS,
             ELIMINATE=PENALTY_FACTORISATIONS.index(PENALTY_FACTORISATION), BUG=bug,
-            COND=flag is not None, num_warps=_penalty_chain_warps(dk, T),
+            COND=flag is not None, num_warps=_penalty_chain_warps(dk, T, chain_dtype),
         )  # fmt: skip
         return X
 
