@@ -355,7 +355,8 @@ def test_block_matrix_kernel_equals_the_products_of_pieces(period, start, block,
 
 @pytest.mark.parametrize("u_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
-    ("period", "start", "block", "T", "dk"), [(20, 7, 48, 150, 8), (3, 2, 16, 64, 16)]
+    ("period", "start", "block", "T", "dk"),
+    [(20, 7, 48, 150, 8), (3, 2, 16, 64, 16), (3, 1, 32, 40, 40)],  # the last: two programs a block
 )
 def test_float32_block_matrices_are_within_a_roundoff_a_token(
     period, start, block, T, dk, u_dtype

@@ -195,9 +195,15 @@ MAX_PENALTY_BLOCKS = 16
 #: 4.25 / 10.7 / 69.0.  At T = 4096 (blocks of 256 tokens) 2 warps are slower: the forward's
 #: device time 1.03 against 1.00 ms in 16 blocks, 1.15 in 32.  At D = 128 half the warps were
 #: slower in every block count measured (8 and 16 blocks at T = 16384) with the float64 chain.
+#: The float32 chain of the bf16 inference forward gains there
+#: (``h100/chain_occupancy_27f2c2f.json``, the forward's median / the penalty kernel's device
+#: time): 4 warps in 16 blocks against 8 in 8 take 5.05 / 1.37 against 5.35 / 2.15 ms at
+#: T = 16384 and 16.5 / 5.50 against 19.0 / 8.57 at 65536, and 2.19 against 1.96 ms (in 16
+#: blocks of 256 tokens) at T = 4096.
 HALF_PENALTY_WARPS_FROM: dict[tuple[int, str], int] = {
     (64, "float64"): 16384,
     (64, "float32"): 16384,
+    (128, "float32"): 16384,
 }
 #: Registers per thread of the penalty kernel: every build of it reaches the 255 that sm_90
 #: allows (``benchmarks/results/sm90/preflight_*.json``), allocated in units of 256 per thread
@@ -564,10 +570,7 @@ def penalty_block_matrices(
     B, T, H, dk = u.shape
     NB = math.ceil(T / block)
     BK = max(32, _pow2(dk))
-    # Warps measured side by side at T = 16384 (h100/block_matrix_variants_8e0d05d.json and
-    # ..._wider_8e0d05d.json, the same matrices bit for bit): 2 at BK = 64 (0.42 against 0.64
-    # ms with 4), 4 at 128 (1.90 against 3.13 with 8, 4.08 with 2).
-    nc = 32
+    nc, ch, warps = _block_matrix_launch(BK, dtype)
     out = torch.empty(B * H, NB, 2 * dk, 2 * dk, dtype=dtype, device=u.device)
     built = NB if last else NB - 1
     if built < NB:
@@ -575,9 +578,27 @@ def penalty_block_matrices(
     if built > 0:
         kernels.penalty_block_matrix_kernel[(B * H, built, 2 * BK // nc)](
             u, out, params, T, H, start, nudge_period, block, NB, H * dk, dk, dk,
-            BK=BK, NC=nc, CH=32, PD=_tl_dtype(dtype), BUG=bug, num_warps=2 if BK <= 64 else 4,
+            BK=BK, NC=nc, CH=ch, PD=_tl_dtype(dtype), BUG=bug, num_warps=warps,
         )  # fmt: skip
     return out
+
+
+def _block_matrix_launch(BK: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(NC, CH, warps)`` of :func:`penalty_block_matrices`' launch: columns per program,
+    token rows per product and warps, at key tile width ``BK`` for matrices of ``dtype``.
+
+    Measured side by side on an H100 at T = 16384 (``benchmarks/gpu/block_matrix_variants.py``;
+    each shape's matrices agreeing with the backend's first).  float64
+    (``h100/block_matrix_variants_8e0d05d.json`` and ``..._wider_8e0d05d.json``, bit for bit):
+    32 columns and rows, 2 warps at BK = 64 (0.42 against 0.64 ms with 4), 4 at 128 (1.90
+    against 3.13 with 8, 4.08 with 2).  float32, the tf32x3 matrices of the float32 chain
+    (``h100/block_matrix_variants_float32_27f2c2f.json``, within the per-token tolerance):
+    64 columns a program, 4 warps at BK = 64 (0.252 against 0.317 ms for 32 columns with 2
+    warps, blocks of 512 tokens) and 8 at 128 (1.09 against 1.50 for 32 columns with 4, blocks
+    of 2048)."""
+    if dtype == torch.float64:
+        return 32, 32, 2 if BK <= 64 else 4
+    return min(64, 2 * BK), 32, 4 if BK <= 64 else 8
 
 
 def _block_matrices_by_trees(
