@@ -426,7 +426,9 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                            "mode": mode, "median_ms": ms}  # fmt: skip
                     if op == "vla_triton_chunked":
                         rec["penalty_dtype"] = _penalty_dtype(x, cfg)
-                        chain = "float32" if mode == "fwd" and dt == torch.bfloat16 else "float64"
+                        auto32 = mode == "fwd" and dt == torch.bfloat16
+                        chain = ("float32" if auto32 or rec["penalty_dtype"] == "float32"
+                                 else "float64")  # fmt: skip
                         rec["block_tokens"] = penalty_block_length(
                             T, 16, dk=D, heads=H, device=dev, chain_dtype=chain
                         )  # the chain "auto" takes (chunked_vla's penalty_dtype)
