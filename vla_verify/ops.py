@@ -81,9 +81,8 @@ TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 #: of two repetitions): D = 64 0.666 / 0.662 at T = 1024, 0.535 / 0.857 at 2048, 0.754 / 0.867 at
 #: 4096; D = 128 2.30 / 2.27 at 2048 and 1.99 / 1.94 at 4096, where the device's work is above
 #: the host's and the replay's copies of the inputs and outputs cost more than the launches it
-#: saves.  The bound stops at
-#: 8192 tokens of 16 heads, where the graph's memory (its inputs, outputs and intermediates)
-#: grows with ``T`` and its gain does not.
+#: saves.  The bound stops at 8192 tokens of 16 heads, where the graph's memory (its inputs,
+#: outputs and intermediates) grows with ``T`` and its gain does not.
 GRAPH_MAX_TOKEN_HEADS: dict[int, int] = {64: 16 * 8192}
 #: Signatures whose graphs are kept (the least recently used is dropped first).
 GRAPH_CAPACITY = 4

@@ -367,8 +367,8 @@ def penalty_block_length(
     at least the width's :data:`DEFAULT_PENALTY_BLOCK` and gives at most as many blocks as
     the penalty kernel's programs that run at once on ``device`` share among the ``heads``
     (``B·H``) sequences, and at most :data:`MAX_PENALTY_BLOCKS` (twice as many where its
-    programs have 2 warps: :data:`HALF_PENALTY_WARPS_FROM`); ``chain_dtype`` is the penalty
-    chain's, ``"float64"`` or ``"float32"``.
+    programs have 2 warps); ``chain_dtype``, the penalty chain's (``"float64"`` or
+    ``"float32"``), chooses the warps with the key width (:data:`HALF_PENALTY_WARPS_FROM`).
 
     Each block is one program walking its tokens one chunk after another, so the chain takes
     as long as its longest walk times the waves of programs: past one wave more blocks only
