@@ -134,6 +134,26 @@ def test_initial_state_is_checked() -> None:
         oracle.recurrence(q, k, v, u, initial_state=(S, bad_A, z))
 
 
+def test_a_wider_state_is_taken_only_where_the_caller_allows_it() -> None:
+    """``check_inputs(state_dtypes=...)``: each state array may have q's dtype or one of them;
+    the inputs keep one dtype, and without ``state_dtypes`` the state keeps q's."""
+    from vla_verify.spec import check_inputs
+
+    q, k, v, u = _inputs(dtype=np.float16)
+    S = np.zeros((1, 2, 3, 4), np.float32)
+    A = np.broadcast_to(np.eye(4, dtype=np.float32), (1, 2, 4, 4)).copy()
+    z = np.zeros((1, 2, 4), np.float16)  # one entry in q's dtype: each is checked alone
+    assert tuple(check_inputs(q, k, v, u, (S, A, z), state_dtypes=("float32",))) == (1, 3, 2, 4, 3)
+    with pytest.raises(DTypeError, match=r"^initial_state.S: expected dtype float16 \(the dtype "
+                       r"of q\), got float32$"):  # fmt: skip
+        check_inputs(q, k, v, u, (S, A, z))
+    with pytest.raises(DTypeError, match=r"^initial_state.A: .* or one of \('float32',\), got "
+                       r"float64$"):  # fmt: skip
+        check_inputs(q, k, v, u, (S, A.astype(np.float64), z), state_dtypes=("float32",))
+    with pytest.raises(DTypeError, match=r"^k: expected dtype float16 \(the dtype of q\), got"):
+        check_inputs(q, k.astype(np.float32), v, u, state_dtypes=("float32",))
+
+
 def test_unknown_variant() -> None:
     with pytest.raises(UnknownVariantError, match=r"variant: expected one of .*'vla'.*got 'gla'"):
         oracle.recurrence(*_inputs(), variant="gla")

@@ -108,6 +108,38 @@ def test_chunked_vla_initial_state_and_bfloat16() -> None:
     assert _outside_budget(fn, inputs, None, PAPER, 0, 16, torch.bfloat16) == []
 
 
+def _in_two_calls(kernel, cut: int, carry: bool = True):
+    """``kernel`` over the tokens before ``cut``, then over the rest from the float32 state the
+    first call returned as it is (``carry=False``: from the first call's initial state, a
+    planted lost carry)."""
+
+    def run(q, k, v, u, *, config, initial_state=None, start=0):  # type: ignore[no-untyped-def]
+        head = [x[:, :cut] for x in (q, k, v, u)]
+        o1, state = kernel(*head, config=config, initial_state=initial_state, start=start)
+        assert all(x.dtype == torch.float32 for x in state)
+        tail = [x[:, cut:] for x in (q, k, v, u)]
+        given = state if carry else initial_state
+        o2, state = kernel(*tail, config=config, initial_state=given, start=start + cut)
+        return torch.cat([o1, o2], dim=1), state
+
+    return run
+
+
+@pytest.mark.parametrize("kernel", ["chunked", "recurrent"])
+def test_a_call_continues_from_the_float32_state_the_last_returned(kernel: str) -> None:
+    """bf16 inputs, the state returned in float32 passed back as it is (the entry point's
+    prefill then continuation): the two calls together within the spec §4 budget of one
+    float64 oracle run over all tokens; the same check rejects a lost carry."""
+    from vla_verify.backends.triton_fused import fused_recurrent_vla
+
+    fn = tc.chunked_vla if kernel == "chunked" else fused_recurrent_vla
+    inputs, _ = _inputs(50, 8, 8, seed=12)
+    two_calls = _in_two_calls(fn, cut=23)
+    assert _outside_budget(two_calls, inputs, None, STRONG_NUDGE, 3, 16, torch.bfloat16) == []
+    lost = _in_two_calls(fn, cut=23, carry=False)
+    assert _outside_budget(lost, inputs, None, STRONG_NUDGE, 3, 16, torch.bfloat16) != []
+
+
 @pytest.mark.parametrize("width", [64, 128])
 def test_wider_readout_value_blocks_give_the_same_output(monkeypatch, width: int) -> None:
     """``READOUT_VALUE_BLOCK`` (the read-out's value columns per program) changes which program

@@ -215,7 +215,8 @@ def vla(
     ----------
     q, k, u : ``[B, T, H, dk]``; v : ``[B, T, H, dv]`` torch tensors on a CUDA device (spec §1).
     config : :class:`VLAConfig` (default the paper preset).
-    initial_state : ``(S, A, z)`` to continue from, or ``None``.
+    initial_state : ``(S, A, z)`` to continue from, or ``None``: in the inputs' dtype or in
+        float32, as a call returns it (a prefill's state passes to the next call as it is).
     start : tokens consumed before the call (spec §2.3: the nudge clock continues).
     kernel : ``None`` (choose by :func:`choose`), ``"chunked"`` or ``"recurrent"``.
     graphs : replay inference calls of the chunked kernel from CUDA graphs (module docstring).

@@ -251,12 +251,15 @@ def check_inputs(
     *,
     dtypes: tuple[str, ...] = FLOAT_DTYPES,
     check_finite: bool = True,
+    state_dtypes: tuple[str, ...] = (),
 ) -> Shapes:
     """Check the layouts of spec §1 and the dtypes, and return the sizes.
 
     Shapes: ``q, k, u``: ``[B, T, H, dk]``; ``v``: ``[B, T, H, dv]``; ``initial_state``:
     ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])``.  All arrays must share one float
-    dtype from ``dtypes`` and be finite.  Errors name the argument and what was expected.
+    dtype from ``dtypes`` and be finite, except that each state array may also have a dtype of
+    ``state_dtypes`` (an implementation that returns its state in a wider dtype than its
+    inputs takes that state back).  Errors name the argument and what was expected.
     """
     arrays = {"q": q, "k": k, "v": v, "u": u}
     shapes = {name: _shape(x, name) for name, x in arrays.items()}
@@ -288,8 +291,11 @@ def check_inputs(
         got = dtype_name(x)
         if got not in FLOAT_DTYPES:
             raise DTypeError(name, f"expected a float dtype {FLOAT_DTYPES}, got {got}")
-        if got != dtype:
-            raise DTypeError(name, f"expected dtype {dtype} (the dtype of q), got {got}")
+        is_state = name.startswith("initial_state.")
+        if got == dtype or (is_state and got in state_dtypes):
+            continue
+        also = f" or one of {state_dtypes}" if is_state and state_dtypes else ""
+        raise DTypeError(name, f"expected dtype {dtype} (the dtype of q){also}, got {got}")
     if dtype not in dtypes:
         raise DTypeError("q", f"expected one of the dtypes {dtypes}, got {dtype}")
     if check_finite:

@@ -1052,7 +1052,8 @@ def chunked_vla(
         dtype, on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``); ``dk, dv <= 128``;
         ``(T + 64)·H·max(dk, dv) < 2**31`` (the kernels' offsets inside one batch element).
     config : :class:`VLAConfig` (default the paper preset); every field is honoured.
-    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
+    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``, each
+        in the inputs' dtype or float32 (the state this function returns, taken as it is).
     start : tokens consumed before the call (spec §2.3: the nudge clock continues).
     chunk_size : ``C`` of the state chain, 16, 32 or 64.
     check_finite : check that the inputs are finite (:class:`~vla_verify.errors.NonFiniteError`)
@@ -1082,7 +1083,9 @@ def chunked_vla(
     start = check_start(start)
     # A finiteness check of the inputs is a device-to-host sync, so only with check_finite (the
     # registry backend checks them itself).
-    shapes = check_inputs(q, k, v, u, initial_state, check_finite=check_finite)
+    shapes = check_inputs(
+        q, k, v, u, initial_state, check_finite=check_finite, state_dtypes=("float32",)
+    )
     for name, x in (("q", q), ("k", k), ("v", v), ("u", u)):
         if not isinstance(x, torch.Tensor):
             raise DTypeError(name, f"expected a torch.Tensor, got {type(x).__name__}")

@@ -1514,7 +1514,8 @@ def fused_recurrent_vla(
         the CPU when Triton's interpreter is on.  ``dk, dv <= 128``; ``(T + 64)·H·max(dk, dv)
         < 2**31`` (the kernels' offsets inside one batch element).
     config : :class:`VLAConfig` (every field honoured; default the paper preset).
-    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``.
+    initial_state : ``(S [B, H, dv, dk], A [B, H, dk, dk], z [B, H, dk])`` or ``None``, each
+        in the inputs' dtype or float32 (the state this function returns, taken as it is).
     start : the tokens consumed before this call (spec §2.3): the nudge follows token ``t`` of
         the call when ``(start + t + 1) % nudge_period == 0``, so that a sequence cut anywhere
         and continued from the returned state with ``start`` = the tokens so far is the whole.
@@ -1542,7 +1543,16 @@ def fused_recurrent_vla(
         interpreter, ``start`` for a negative one).
     """
     config = VLAConfig() if config is None else config
-    shapes = check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=check_finite)
+    shapes = check_inputs(
+        q,
+        k,
+        v,
+        u,
+        initial_state,
+        dtypes=_DTYPES,
+        check_finite=check_finite,
+        state_dtypes=("float32",),
+    )
     check_offsets(_NAME, shapes.T, shapes.H, shapes.dk, shapes.dv)
     start = check_start(start)
     return _apply(
@@ -1569,7 +1579,16 @@ def with_planted_bug(bug: str) -> Callable[..., Any]:
         plan: RecurrentPlan | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         config = VLAConfig() if config is None else config
-        shapes = check_inputs(q, k, v, u, initial_state, dtypes=_DTYPES, check_finite=False)
+        shapes = check_inputs(
+            q,
+            k,
+            v,
+            u,
+            initial_state,
+            dtypes=_DTYPES,
+            check_finite=False,
+            state_dtypes=("float32",),
+        )
         check_offsets(_NAME, shapes.T, shapes.H, shapes.dk, shapes.dv)
         return _apply(
             q, k, v, u, config, initial_state, check_start(start), checkpoint_every, downdate,
