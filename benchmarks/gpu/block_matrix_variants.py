@@ -1,6 +1,7 @@
 """The blocks' matrices kernel (``penalty_block_matrix_kernel``) in other launch shapes: columns
 per program ``NC``, token rows per product ``CH`` and warps, side by side with the backend's
-launch (``penalty_block_matrices``: ``NC = CH = 32``, 2 warps at keys up to 64 wide, 4 above).
+launch (``penalty_block_matrices``, its shape per key width and dtype from
+``_block_matrix_launch``).
 Correctness first: each variant's matrices against the backend's, to float64 rounding; then
 each launch's median (``vla_verify.bench.time_ms``: ``do_bench`` after its warm-up)::
 
@@ -26,7 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: (NC, CH, warps) for key tiles up to 64 wide and for 128; the backend's launch first.
+#: (NC, CH, warps) for key tiles up to 64 wide and for 128: the float64 matrices' launch first,
+#: the float32 ones' (64, 32, 4) and (64, 32, 8) among the rest.
 CANDIDATES: dict[int, list[tuple[int, int, int]]] = {
     64: [(32, 32, 2), (32, 32, 4), (16, 16, 4), (16, 32, 4), (32, 16, 4), (32, 16, 8),
          (16, 16, 8), (64, 32, 4), (32, 64, 4), (64, 64, 4), (16, 32, 2)],
