@@ -13,7 +13,9 @@ the number of the first forward's block-start fallbacks)::
 ``--anchors`` times those ops of ``vla_verify.bench`` on the same inputs in the same process,
 so that the chunked kernel's ratios to them are side by side (``anchor_rows``).
 and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
-two checkouts that should compute the same numbers can be seen to.
+two checkouts that should compute the same numbers can be seen to.  ``--set NAME=JSON`` changes
+a plan constant of :mod:`vla_verify.backends.triton_chunked` for the run (recorded as ``set``),
+so that launch variants compare from one checkout.
 """
 
 from __future__ import annotations
@@ -80,6 +82,24 @@ def _anchor_rows(D: int, T: int, modes: tuple[str, ...], anchors: list[str]) -> 
     return rows
 
 
+def _set_constants(assignments: list[str]) -> dict[str, Any]:
+    """Set each ``NAME=JSON`` on :mod:`vla_verify.backends.triton_chunked`; a dict updates the
+    constant's entries, its keys read as integers.  Returns what was set."""
+    from vla_verify.backends import triton_chunked
+
+    done: dict[str, Any] = {}
+    for item in assignments:
+        name, _, text = item.partition("=")
+        if not hasattr(triton_chunked, name):
+            raise SystemExit(f"--set: triton_chunked has no constant {name!r}")
+        value = json.loads(text)
+        if isinstance(value, dict):
+            value = {**getattr(triton_chunked, name), **{int(k): v for k, v in value.items()}}
+        setattr(triton_chunked, name, value)
+        done[name] = value
+    return done
+
+
 def main() -> None:
     from vla_verify.bench import machine_info
 
@@ -96,8 +116,17 @@ def main() -> None:
         help="time each size with each penalty_dtype (default: the backend's)",
     )
     ap.add_argument("--anchors", nargs="*", default=[], help="ops of vla_verify.bench to time too")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="NAME=JSON",
+        help="set a plan constant of vla_verify.backends.triton_chunked for this run "
+        "(a dict's keys read as integers, e.g. STATE_CHAIN_VALUE_BLOCK='{\"128\": 16}')",
+    )
     a = ap.parse_args()
     res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
+    res["set"] = _set_constants(a.set)
     if a.anchors:
         res["anchor_rows"] = []
     for size in a.sizes:

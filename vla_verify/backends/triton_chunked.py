@@ -152,6 +152,9 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: T = 16384 and 0.556 against 0.408 at 65536; at D = 128 0.990 against 0.414 and 3.94 against
 #: 1.60 (64 columns: 0.590 and 2.32).
 READOUT_VALUE_BLOCK: dict[int, int] = {64: 64, 128: 128}
+#: Value rows per program of the state chain's sequential kernel (``state_starts_kernel``, grid
+#: ``(B·H, BV / BVB + 1)``), per value tile width ``BV``.
+STATE_CHAIN_VALUE_BLOCK: dict[int, int] = {64: 32, 128: 32}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_inverse")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
@@ -868,7 +871,7 @@ def _forward(
     # tf32 for 16-bit inputs, whose spec §4 budget is set by the low-precision oracle, far
     # above tf32's rounding; the caller's input_precision for float32 inputs.
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else input_precision
-    bvb = min(BV, 32)
+    bvb = min(BV, STATE_CHAIN_VALUE_BLOCK.get(BV, 32))
     bvo = min(BV, READOUT_VALUE_BLOCK.get(BV, 32))
 
     def state_chain(flag: torch.Tensor | None = None) -> None:
