@@ -461,7 +461,10 @@ def timing(out: dict[str, Any], quick: bool) -> None:
                 try:
                     ms = time_ms(_variant(x, cfg, block), device=dev)
                     fallbacks = BLOCK_START_FALLBACKS[0] - before
-                    tokens = penalty_block_length(T, 16, block, dk=D, heads=H, device=dev)
+                    # The forward's chain: float32 for bf16 inputs ("auto"), else float64.
+                    chain = "float32" if dt == torch.bfloat16 else "float64"
+                    tokens = penalty_block_length(T, 16, block, dk=D, heads=H, device=dev,
+                                                  chain_dtype=chain)  # fmt: skip
                     var.append({"D": D, "T": T, "penalty_block": block, "block_tokens": tokens,
                                 "median_ms": ms, "block_start_fallbacks": fallbacks})  # fmt: skip
                     _log(var[-1])
