@@ -153,8 +153,14 @@ PENALTY_CHAIN_WARPS: dict[int, int] = {}
 #: 1.60 (64 columns: 0.590 and 2.32).
 READOUT_VALUE_BLOCK: dict[int, int] = {64: 64, 128: 128}
 #: Value rows per program of the state chain's sequential kernel (``state_starts_kernel``, grid
-#: ``(B·H, BV / BVB + 1)``), per value tile width ``BV``.
-STATE_CHAIN_VALUE_BLOCK: dict[int, int] = {64: 32, 128: 32}
+#: ``(B·H, BV / BVB + 1)``), per value tile width ``BV``.  The kernel walks every chunk of its
+#: head, so narrower value blocks shorten each step's products and add programs, which the SMs
+#: have to spare.  Side by side on one H100 (``benchmarks/results/h100/launch_ab_09c787e.json``,
+#: B = 1, H = 16, bf16 inference, paper preset; the kernel's device time) 16 rows against 32
+#: took 0.159 against 0.179 ms at D = 64, T = 16384, 0.310 against 0.354 at D = 128, T = 16384,
+#: 1.209 against 1.393 at D = 128, T = 65536 and 0.043 against 0.047 at D = 64, T = 4096.
+#: Training's forward (float32 intermediates) takes the same launch, untimed.
+STATE_CHAIN_VALUE_BLOCK: dict[int, int] = {64: 16, 128: 16}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_inverse")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
