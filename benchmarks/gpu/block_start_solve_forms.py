@@ -51,10 +51,11 @@ def solve_cholesky(XX: Any) -> Any:
 
     dk = XX.shape[-1]
     Pi, Th = XX[:, :, :dk], XX[:, :, dk:]
+    # The factorisation reads the lower triangle of S alone: no symmetrisation first.
     S = Th.mT @ Pi
     with _batched_cublas_lu(XX.device):
-        L = torch.linalg.cholesky_ex(0.5 * (S + S.mT))[0]
-        W = torch.linalg.solve_triangular(L, Pi.mT, upper=False).mT  # Π L^{-T}
+        L = torch.linalg.cholesky_ex(S)[0]
+        W = torch.linalg.solve_triangular(L.mT, Pi, upper=True, left=False)  # Π L^{-T}
     return (W @ W.mT).transpose(0, 1)
 
 

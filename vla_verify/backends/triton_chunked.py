@@ -161,6 +161,11 @@ READOUT_VALUE_BLOCK: dict[int, int] = {64: 64, 128: 128}
 #: 1.209 against 1.393 at D = 128, T = 65536 and 0.043 against 0.047 at D = 64, T = 4096.
 #: Training's forward (float32 intermediates) takes the same launch, untimed.
 STATE_CHAIN_VALUE_BLOCK: dict[int, int] = {64: 16, 128: 16}
+#: Warps of the state chain's sequential kernel by key tile width, where not the read-out's
+#: (4 up to a 64-wide key tile, 8 above), which ``benchmarks/gpu/launch_warps.py`` kept with
+#: value blocks of 32 rows (``h200/launch_warps_64_8e0d05d.json``,
+#: ``h100/launch_warps_128_1b3e657.json``); with 16 rows not measured.
+STATE_CHAIN_WARPS: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_inverse")
 #: Tokens per block of the penalty chain (the blocks run in parallel, each from its start
@@ -897,7 +902,7 @@ def _forward(
             # BK = 128 they take 196608 bytes of shared memory (one stage 81920), and the
             # forward at D = 128, T = 16384 took 7.81 against 8.21 ms with one
             # (h100/state_starts_stages_1b3e657.json).
-            num_warps=warps, num_stages=3, **cond,
+            num_warps=STATE_CHAIN_WARPS.get(BK, warps), num_stages=3, **cond,
         )  # fmt: skip
         kernels.state_output_kernel[(NCk, BH, BV // bvo)](
             q, k, gates, E_buf, S_chunks, z_chunks, o, sc_s, params, fl, T, H, H * dk, dk,
