@@ -899,7 +899,8 @@ def _forward(
             z_chunks, z_out, fl, T, H, dk, dv,
             BK=BK, BV=BV, BVB=bvb, C=C, TP=TP, HAS_Z0=z0 is not None, ZB=_KEY_SUM_CHUNKS,
             # Three pipeline stages (Triton's default) at every width: built for sm_90 at
-            # BK = 128 they take 196608 bytes of shared memory (one stage 81920), and the
+            # BK = 128 with float32 intermediates they take 196608 bytes of shared memory in
+            # value blocks of 32 rows (one stage 81920) and 180224 in blocks of 16, and the
             # forward at D = 128, T = 16384 took 7.81 against 8.21 ms with one
             # (h100/state_starts_stages_1b3e657.json).
             num_warps=STATE_CHAIN_WARPS.get(BK, warps), num_stages=3, **cond,
