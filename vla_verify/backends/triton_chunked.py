@@ -164,7 +164,9 @@ STATE_CHAIN_VALUE_BLOCK: dict[int, int] = {64: 16, 128: 16}
 #: Warps of the state chain's sequential kernel by key tile width, where not the read-out's
 #: (4 up to a 64-wide key tile, 8 above), which ``benchmarks/gpu/launch_warps.py`` kept with
 #: value blocks of 32 rows (``h200/launch_warps_64_8e0d05d.json``,
-#: ``h100/launch_warps_128_1b3e657.json``); with 16 rows not measured.
+#: ``h100/launch_warps_128_1b3e657.json``); with 16 rows not measured (built for sm_90 with 2
+#: warps at BK = 64 and 4 at 128 it spills nothing,
+#: ``sm90/preflight_state_chain_value_blocks.json``).
 STATE_CHAIN_WARPS: dict[int, int] = {}
 #: The values of :data:`PENALTY_FACTORISATION`, in the kernel's ``ELIMINATE`` order.
 PENALTY_FACTORISATIONS: tuple[str, ...] = ("factor_inverse", "elimination", "elimination_inverse")
