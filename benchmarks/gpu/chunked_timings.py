@@ -11,8 +11,8 @@ the number of the first forward's block-start fallbacks)::
         [--anchors fla_chunk_delta fla_chunk_dplr sdpa]
 
 ``--anchors`` times those ops of ``vla_verify.bench`` on the same inputs in the same process,
-so that the chunked kernel's ratios to them are side by side (``anchor_rows``).
-and the output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
+so that the chunked kernel's ratios to them are side by side (``anchor_rows``), and the
+output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
 two checkouts that should compute the same numbers can be seen to.  ``--set NAME=JSON`` changes
 a plan constant of :mod:`vla_verify.backends.triton_chunked` for the run (recorded as ``set``),
 so that launch variants compare from one checkout.
