@@ -45,16 +45,17 @@ def test_the_default_plan_and_the_pieces_fit(tmp_path: Path) -> None:
 
 
 def test_the_wide_chunked_adjoints_fit_only_split(tmp_path: Path) -> None:
-    """Known answers: at BK = 128 the chunk kernel of the state adjoint in one launch, and its
-    scan kernel with Triton's default pipeline, ask more shared memory than an sm_90 SM has
-    (the H200 raised OutOfResources for the first, ``h200/adjoint.json``, an H100 for the
-    second with 242176 bytes, ``h100/adjoint_d128_f61ae7f.json``), and the tool says so; built
-    as the package builds them there (the chunk kernel over three launches, the scan and the
-    pieces' kernels with one pipeline stage) every kernel fits."""
+    """Known answers: at BK = 128 the scan kernel of the state adjoint with Triton's default
+    pipeline asks more shared memory than an sm_90 SM has (an H100 raised OutOfResources with
+    242176 bytes, ``h100/adjoint_d128_f61ae7f.json``), and the tool says so; the chunk kernel in
+    one launch keeps its sums partly on the stack
+    (``sm90/preflight_state_chunk_value_walk.json``).  Built as the package builds them there
+    (the chunk kernel over three launches, the scan and the pieces' kernels with one pipeline
+    stage) every kernel fits."""
     options = ("--options", "chunked_state_adjoint=1", "chunked_penalty_adjoint=1")
     code, rows = _preflight(tmp_path, "--sizes", "128x256", *options, "--unsplit")
     chunk = [r for r in rows if r["kernel"] == "vla_state_bwd_chunk_kernel"]
-    assert chunk and not chunk[0]["fits"] and chunk[0]["shared"] > 232448
+    assert chunk and chunk[0]["stack"] > 0
     scan = [r for r in rows if r["kernel"] == "vla_state_bwd_scan_kernel"]
     assert scan and not scan[0]["fits"] and scan[0]["shared"] > 232448
     assert code == 1

@@ -745,10 +745,19 @@ def _state_adjoint(
 _MAX_CHUNKED_INTERVAL = 64
 _MAX_CHUNKED_WIDTH = 128
 #: Key tiles wider than this run :func:`kernels.vla_state_bwd_chunk_kernel` once per group of
-#: outputs (``PARTS`` 1: ``dv``, ``dq``, ``dn``; 2: ``dα̂``; 4: ``dk̂``), each launch recomputing
-#: the chunk's ``E`` and ``DE``: one program computing all of them asked 274432 bytes of shared
-#: memory at BK = 128 (the three ask 196608, 229376 and 192512).
+#: outputs (``PARTS`` 1: ``dv``, ``dq``, ``dn``; 2: ``dα̂``; 4: ``dk̂``), each launch forming
+#: the chunk's ``E`` and ``DE`` again: one program computing all of them keeps 448 bytes per
+#: thread on the stack at BK = 128 (8 warps, two stages), the three none
+#: (``sm90/preflight_state_chunk_value_walk.json``).
 _SPLIT_STATE_CHUNK_ABOVE = 64
+#: Warps and software-pipeline stages of :func:`kernels.vla_state_bwd_chunk_kernel`, which walks
+#: a chunk's value blocks keeping five sums across them: built for sm_90 (Triton 3.6,
+#: ``sm90/preflight_state_chunk_value_walk.json``) with 4 warps it keeps 480 bytes per thread on
+#: the stack at BK = 64 and up to 472 at BK = 128, with 8 none; with Triton's default three
+#: stages its launch of ``dv, dq, dn`` at BK = 128 asks 299520 bytes of shared memory (the
+#: loop's loads buffered three deep), with two 205056.
+_STATE_CHUNK_WARPS = 8
+_STATE_CHUNK_STAGES = 2
 #: Key tiles wider than this build :func:`kernels.vla_state_bwd_scan_kernel` with one stage of
 #: Triton's software pipeline: on an H100 (bf16 inputs, T = 16384, ``benchmarks/gpu/
 #: chunk_h200.py --adjoint``) its default build asked 242176 bytes of shared memory at BK = 128,
@@ -843,17 +852,16 @@ def _state_adjoint_chunked(
         q_ptr=q, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, w_ptr=w, u_ptr=u, dsT_ptr=dS,
         xend_ptr=x_end, ds0_ptr=dS_begin, NV=nv, BUG=int(adj.run.bug), **common, **stages,
     )  # fmt: skip
-    parts = torch.empty(3, nv, BH, n, bk, dtype=acc, device=dev)
-    dn_parts = torch.empty(nv, BH, n, dtype=acc, device=dev)
+    sums = torch.empty(3, BH, n, bk, dtype=acc, device=dev)
+    dn_sum = torch.empty(BH, n, dtype=acc, device=dev)
     for out_parts in (7,) if bk <= _SPLIT_STATE_CHUNK_ABOVE else (1, 2, 4):
-        kernels.vla_state_bwd_chunk_kernel[(chunks, BH, nv)](
-            q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm,
-            cks_ptr=cks, xend_ptr=x_end, dv_ptr=dv_out, dqp_ptr=parts[0], dahp_ptr=parts[1],
-            dkhp_ptr=parts[2], dnp_ptr=dn_parts, NC=cks.numel() // (BH * dk * dvp),
+        kernels.vla_state_bwd_chunk_kernel[(chunks, BH)](
+            q_ptr=q, v_ptr=v, do_ptr=do, kh_ptr=kh, ah_ptr=ah, sc_ptr=sc, tm_ptr=tm, w_ptr=w,
+            u_ptr=u, cks_ptr=cks, xend_ptr=x_end, dv_ptr=dv_out, dqp_ptr=sums[0], dahp_ptr=sums[1],
+            dkhp_ptr=sums[2], dnp_ptr=dn_sum, NC=cks.numel() // (BH * dk * dvp), NV=nv,
             BUG=int(adj.run.bug), PARTS=out_parts, **common,
+            num_warps=_STATE_CHUNK_WARPS, num_stages=_STATE_CHUNK_STAGES,
         )  # fmt: skip
-    sums = parts.sum(dim=1) if nv > 1 else parts[:, 0]
-    dn_sum = dn_parts.sum(dim=0) if nv > 1 else dn_parts[0]
     return sums, dn_sum, dS_begin
 
 

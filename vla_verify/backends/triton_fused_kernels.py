@@ -1145,30 +1145,35 @@ def vla_state_bwd_scan_kernel(
 
 @triton.jit
 def vla_state_bwd_chunk_kernel(
-    q_ptr, v_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, tm_ptr, cks_ptr, xend_ptr, dv_ptr, dqp_ptr,
-    dahp_ptr, dkhp_ptr, dnp_ptr, p_ptr, T, H, DK, DV, CK, NC, t_begin, n_steps,
+    q_ptr, v_ptr, do_ptr, kh_ptr, ah_ptr, sc_ptr, tm_ptr, w_ptr, u_ptr, cks_ptr, xend_ptr,
+    dv_ptr, dqp_ptr, dahp_ptr, dkhp_ptr, dnp_ptr, p_ptr, T, H, DK, DV, CK, NC, t_begin,
+    n_steps, NV,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, NORM_OUT: tl.constexpr,
     ACC: tl.constexpr, BUG: tl.constexpr, PREC: tl.constexpr, PARTS: tl.constexpr = 7,
 ):  # fmt: skip
-    """Grid ``(chunks, B·H, NV)``: every chunk's per-token adjoint from its ``S_0`` (checkpoint
-    ``cks``, ``Sᵀ`` ``[B·H·NC, DK, DV]``) and its ``dSᵀ`` after it (``xend``): ``dv``, and the
-    value-row sums ``DQP, DAHP, DKHP`` ``[NV, B·H, n_steps, BK]`` and ``dnp`` ``[NV, B·H,
-    n_steps]`` that :func:`vla_gate_bwd_kernel` reads (this value block's rows)."""
+    """Grid ``(chunks, B·H)``: every chunk's per-token adjoint from its ``S_0`` (checkpoint
+    ``cks``, ``Sᵀ`` ``[B·H·NC, DK, DV]``), its ``dSᵀ`` after it (``xend``) and the prep
+    kernel's ``T_c, W, U``: ``dv``, and the sums over the value rows ``DQP, DAHP, DKHP``
+    ``[B·H, n_steps, BK]`` and ``dnp`` ``[B·H, n_steps]`` that :func:`vla_gate_bwd_kernel`
+    reads.
+
+    The program walks the ``NV`` value blocks of ``BV`` columns, each block's ``E`` and ``DE =
+    W X + U`` formed and consumed there; what the outputs need of them is summed over the
+    blocks as it forms (the ``[BC, BK]`` products with ``S_0`` and ``X``, and the ``[BC, BC]``
+    products ``DR Eᵀ`` and ``E DEᵀ``), and the triangles of the two ``[BC, BC]`` sums meet
+    ``Â``, ``Q`` and ``K̂`` once, after the walk.  With ``do = n ∘ DR`` the read-out's
+    ``doᵀ S_t q_t`` needs no sum of its own: ``n ∘ rowsum(Q ∘ Σ DR S_0 + tril(Q Âᵀ) ∘ Σ DR
+    Eᵀ)``.  ``PARTS`` picks the outputs (1: ``dv, dq, dn``; 2: ``dα̂``; 4: ``dk̂``), so that a
+    wide key tile may take them in separate launches."""
     c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    i_v = tl.program_id(2)
-    BH = tl.num_programs(1)
     n_chunks = tl.num_programs(0)
     i_b = i_bh // H
     i_h = i_bh % H
     oc = tl.arange(0, BC)
     ok = tl.arange(0, BK)
     ob = tl.arange(0, BV)
-    ov = i_v * BV + ob
     mk = ok < DK
-    mv = ov < DV
-    m_kv = mk[:, None] & mv[None, :]
-    off_kv = ok[:, None] * DV + ov[None, :]
     _lam, _sm_floor, _nudge_eta, out_eps, _norm_eps = _load_params(p_ptr)
     i0 = c * CK
     nt = tl.minimum(CK, n_steps - i0)
@@ -1177,58 +1182,76 @@ def vla_state_bwd_chunk_kernel(
     t0 = t_begin + i0
     base_k = (i_b * T * H + i_h) * DK
     base_v = (i_b * T * H + i_h) * DV
-    Kh, Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
-                            BK, ACC)  # fmt: skip
-    do, dr = _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v + i_v * BV, H * DV, oc, ob,
-                       DV - i_v * BV, out_eps, NORM_OUT, ACC)  # fmt: skip
-    m_cv = mc[:, None] & mv[None, :]
-    V = tl.load(v_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :], mask=m_cv,
-                other=0.0).to(ACC)  # fmt: skip
-    S0T = tl.load(cks_ptr + (i_bh * NC + (t_begin + i0) // CK) * DK * DV + off_kv, mask=m_kv,
-                  other=0.0).to(ACC)  # fmt: skip
-    X = tl.load(xend_ptr + (i_bh * n_chunks + c) * DK * DV + off_kv, mask=m_kv, other=0.0)
-    Tm = tl.load(tm_ptr + (i_bh * n_chunks + c) * BC * BC + oc[:, None] * BC + oc[None, :])
+    base_s = (i_bh * NC + (t_begin + i0) // CK) * DK * DV
+    base_x = (i_bh * n_chunks + c) * DK * DV
+    rows = (i_bh * n_chunks + c) * BC + oc  # the prep kernel's rows of W and U
+    off_ck = rows[:, None] * BK + ok[None, :]
+    off_kh = (row0 + oc)[:, None] * BK + ok[None, :]
+    off_tm = (i_bh * n_chunks + c) * BC * BC + oc[:, None] * BC + oc[None, :]
     lower = oc[:, None] >= oc[None, :]  # tril, the diagonal included
     upper = oc[:, None] <= oc[None, :]  # triu, the diagonal included
-    E = tl.dot(Tm, V - tl.dot(Kh, S0T, input_precision=PREC), input_precision=PREC)
-    AQ = tl.where(upper, tl.dot(Ah, tl.trans(Q), input_precision=PREC), 0.0)
-    DE = tl.dot(
-        tl.trans(Tm),
-        tl.dot(Ah, X, input_precision=PREC) + tl.dot(AQ, dr, input_precision=PREC),
-        input_precision=PREC,
-    )
-    S0 = tl.trans(S0T)  # [BV, BK]
-    part = (i_v * BH + i_bh) * n_steps + i0
-    off = (part + oc)[:, None] * BK + ok[None, :]
+    DRE = tl.zeros([BC, BC], dtype=ACC)  # Σ_v DR_v E_vᵀ
+    EDE = tl.zeros([BC, BC], dtype=ACC)  # Σ_v E_v DE_vᵀ
+    # Σ_v DR_v S_0,v, Σ_v E_v X_vᵀ, Σ_v DE_v S_0,v (a launch forms those of its parts alone).
+    acc_q = tl.zeros([BC, BK], dtype=ACC)
+    acc_a = tl.zeros([BC, BK], dtype=ACC)
+    acc_k = tl.zeros([BC, BK], dtype=ACC)
+    for iv in range(NV):
+        ov = iv * BV + ob
+        mv = ov < DV
+        m_kv = mk[:, None] & mv[None, :]
+        off_kv = ok[:, None] * DV + ov[None, :]
+        m_cv = mc[:, None] & mv[None, :]
+        # The chunk's own rows are read in every block (from the cache), not held across it.
+        Kh = tl.load(kh_ptr + off_kh, mask=mc[:, None], other=0.0)
+        Tm = tl.load(tm_ptr + off_tm)
+        W = tl.load(w_ptr + off_ck)
+        U = tl.load(u_ptr + rows[:, None] * (NV * BV) + ov[None, :])
+        _do, dr = _chunk_dr(do_ptr, sc_ptr, row0, t0, nt, base_v + iv * BV, H * DV, oc, ob,
+                            DV - iv * BV, out_eps, NORM_OUT, ACC)  # fmt: skip
+        V = tl.load(v_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :], mask=m_cv,
+                    other=0.0).to(ACC)  # fmt: skip
+        S0T = tl.load(cks_ptr + base_s + off_kv, mask=m_kv, other=0.0).to(ACC)
+        X = tl.load(xend_ptr + base_x + off_kv, mask=m_kv, other=0.0)
+        E = tl.dot(Tm, V - tl.dot(Kh, S0T, input_precision=PREC), input_precision=PREC)
+        DE = tl.dot(W, X, input_precision=PREC) + U
+        if PARTS & 1:
+            tl.store(dv_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :],
+                     DE.to(dv_ptr.dtype.element_ty), mask=m_cv)  # fmt: skip
+            acc_q = tl.dot(dr, tl.trans(S0T), acc=acc_q, input_precision=PREC)
+        if PARTS & 3:
+            DRE = tl.dot(dr, tl.trans(E), acc=DRE, input_precision=PREC)
+        if PARTS & 6:
+            EDE = tl.dot(E, tl.trans(DE), acc=EDE, input_precision=PREC)
+        if PARTS & 2:
+            acc_a = tl.dot(E, tl.trans(X), acc=acc_a, input_precision=PREC)
+        if PARTS & 4:
+            acc_k = tl.dot(DE, tl.trans(S0T), acc=acc_k, input_precision=PREC)
+    Kh, Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
+                            BK, ACC)  # fmt: skip
+    off = (row0 + oc)[:, None] * BK + ok[None, :]
     if PARTS & 1:
-        tl.store(dv_ptr + base_v + (t0 + oc)[:, None] * (H * DV) + ov[None, :],
-                 DE.to(dv_ptr.dtype.element_ty), mask=m_cv)  # fmt: skip
+        dqp = acc_q + tl.dot(tl.where(lower, DRE, 0.0), Ah, input_precision=PREC)
+        tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
         if NORM_OUT:
             QA = tl.where(lower, tl.dot(Q, tl.trans(Ah), input_precision=PREC), 0.0)
-            R = tl.dot(Q, S0T, input_precision=PREC) + tl.dot(QA, E, input_precision=PREC)
-            dnp = tl.sum(do * R, axis=1)
+            zq = tl.load(sc_ptr + (row0 + oc) * 2 + 1, mask=mc, other=1.0)
+            dnp = tl.maximum(zq, out_eps) * (tl.sum(Q * acc_q, axis=1) + tl.sum(QA * DRE, axis=1))
         else:
             dnp = tl.zeros([BC], dtype=ACC)
-        DRE = tl.where(lower, tl.dot(dr, tl.trans(E), input_precision=PREC), 0.0)
-        dqp = tl.dot(dr, S0, input_precision=PREC) + tl.dot(DRE, Ah, input_precision=PREC)
-        tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
-        tl.store(dnp_ptr + part + oc, dnp, mask=mc)
+        tl.store(dnp_ptr + row0 + oc, dnp, mask=mc)
     if PARTS & 2:
-        EDR = tl.where(upper, tl.dot(E, tl.trans(dr), input_precision=PREC), 0.0)
-        EDE = tl.where(oc[:, None] < oc[None, :], tl.dot(E, tl.trans(DE), input_precision=PREC),
-                       0.0)  # fmt: skip
-        dahp = (tl.dot(E, tl.trans(X), input_precision=PREC)
-                + tl.dot(EDR, Q, input_precision=PREC)
-                - tl.dot(EDE, Kh, input_precision=PREC))  # fmt: skip
+        dahp = (acc_a + tl.dot(tl.where(upper, tl.trans(DRE), 0.0), Q, input_precision=PREC)
+                - tl.dot(tl.where(oc[:, None] < oc[None, :], EDE, 0.0), Kh,
+                         input_precision=PREC))  # fmt: skip
         tl.store(dahp_ptr + off, dahp, mask=mc[:, None])
     if PARTS & 4:
         if BUG == BUG_CHUNK_TRIANGLE:
             strict = lower
         else:
             strict = oc[:, None] > oc[None, :]
-        DEE = tl.where(strict, tl.dot(DE, tl.trans(E), input_precision=PREC), 0.0)
-        dkhp = -(tl.dot(DE, S0, input_precision=PREC) + tl.dot(DEE, Ah, input_precision=PREC))
-        tl.store(dkhp_ptr + off, dkhp, mask=mc[:, None])
+        dkhp = acc_k + tl.dot(tl.where(strict, tl.trans(EDE), 0.0), Ah, input_precision=PREC)
+        tl.store(dkhp_ptr + off, -dkhp, mask=mc[:, None])
 
 
 # -- the penalty adjoint in pieces (products over nudge-free pieces) -----------------------------
