@@ -454,6 +454,8 @@ def timing(out: dict[str, Any], quick: bool) -> None:
         plans = [(VT, (*RUN["variant_blocks"], 16 * -(-VT // 16)))]
         if D == RUN["variant_Ds"][0]:
             plans.append((RUN["long_variant_T"], RUN["long_variant_blocks"]))
+        if RUN.get("no_block_variants"):
+            plans = []
         for T, blocks in plans:
             x = _inputs(1, T, H, D, dt, dev)
             for block in blocks:
@@ -1368,6 +1370,12 @@ def main() -> None:
         help="time the chunked forward + backward up to this T (default %(default)s: the run's)",
     )
     ap.add_argument(
+        "--no-block-variants",
+        action="store_true",
+        help="after the grid, only the forward's breakdown and the call overheads (no "
+        "penalty-chain block lengths side by side)",
+    )
+    ap.add_argument(
         "--correctness-only", action="store_true", help="every correctness step, no timing"
     )
     ap.add_argument(
@@ -1457,6 +1465,7 @@ def main() -> None:
         RUN["block_variant_Ts"] = tuple(a.block_variant_Ts)
     if a.block_variant_blocks:
         RUN["block_variant_blocks"] = (None, *a.block_variant_blocks)
+    RUN["no_block_variants"] = a.no_block_variants
     if a.variant_D:
         RUN["variant_Ds"] = tuple(a.variant_D)
     from vla_verify.bench import machine_info

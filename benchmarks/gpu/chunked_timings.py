@@ -12,8 +12,9 @@ the number of the first forward's block-start fallbacks)::
 
 ``--anchors`` times those ops of ``vla_verify.bench`` on the same inputs in the same process,
 so that the chunked kernel's ratios to them are side by side (``anchor_rows``), and the
-output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64) so that
-two checkouts that should compute the same numbers can be seen to.  ``--set NAME=JSON`` changes
+output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64), and with
+``fwdbwd`` the gradients' as ``grad_checksums`` (``q, k, v, u``), so that two checkouts that
+should compute the same numbers can be seen to.  ``--set NAME=JSON`` changes
 a plan constant of :mod:`vla_verify.backends.triton_chunked` for the run (recorded as ``set``),
 so that launch variants compare from one checkout.
 """
@@ -51,6 +52,10 @@ def _row(D: int, T: int, modes: tuple[str, ...], options: dict[str, Any]) -> dic
     row["o_checksum"] = float(fwd().double().abs().sum())
     # The forwards whose block starts failed their check (and ran the sequential second pass).
     row["block_start_fallbacks"] = BLOCK_START_FALLBACKS[0] - before
+    if "fwdbwd" in modes:
+        # The gradients' sums of |g| (float64), so that two checkouts whose backwards should
+        # agree to rounding can be seen to.
+        row["grad_checksums"] = [float(g.double().abs().sum()) for g in fwdbwd()]
     for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
         if mode in modes:
             row[f"{mode}_ms"] = min(time_ms(fn), time_ms(fn))
