@@ -15,8 +15,9 @@ so that the chunked kernel's ratios to them are side by side (``anchor_rows``), 
 output of each row is kept as ``o_checksum`` (the sum of ``|o|`` in float64), and with
 ``fwdbwd`` the gradients' as ``grad_checksums`` (``q, k, v, u``), so that two checkouts that
 should compute the same numbers can be seen to.  ``--set NAME=JSON`` changes
-a plan constant of :mod:`vla_verify.backends.triton_chunked` for the run (recorded as ``set``),
-so that launch variants compare from one checkout.
+a plan constant of :mod:`vla_verify.backends.triton_chunked` (``triton_fused.NAME``: of the
+recurrent backend, whose adjoint the chunked one runs) for the run (recorded as ``set``), so
+that launch variants compare from one checkout.
 """
 
 from __future__ import annotations
@@ -88,19 +89,25 @@ def _anchor_rows(D: int, T: int, modes: tuple[str, ...], anchors: list[str]) -> 
 
 
 def _set_constants(assignments: list[str]) -> dict[str, Any]:
-    """Set each ``NAME=JSON`` on :mod:`vla_verify.backends.triton_chunked`; a dict updates the
-    constant's entries, its keys read as integers.  Returns what was set."""
-    from vla_verify.backends import triton_chunked
+    """Set each ``NAME=JSON`` on :mod:`vla_verify.backends.triton_chunked` (``triton_fused.NAME``
+    on :mod:`vla_verify.backends.triton_fused`, whose adjoint the chunked backend runs); a dict
+    updates the constant's entries, its keys read as integers.  Returns what was set."""
+    from vla_verify.backends import triton_chunked, triton_fused
 
     done: dict[str, Any] = {}
     for item in assignments:
         name, _, text = item.partition("=")
-        if not hasattr(triton_chunked, name):
-            raise SystemExit(f"--set: triton_chunked has no constant {name!r}")
+        module_name, _, constant = name.rpartition(".")
+        module = {"": triton_chunked, "triton_chunked": triton_chunked,
+                  "triton_fused": triton_fused}.get(module_name)  # fmt: skip
+        if module is None or not hasattr(module, constant):
+            raise SystemExit(f"--set: no plan constant {name!r}")
         value = json.loads(text)
         if isinstance(value, dict):
-            value = {**getattr(triton_chunked, name), **{int(k): v for k, v in value.items()}}
-        setattr(triton_chunked, name, value)
+            value = {**getattr(module, constant), **{int(k): v for k, v in value.items()}}
+        setattr(module, constant, value)
+        if module is triton_fused:
+            triton_fused.plan_for.cache_clear()
         done[name] = value
     return done
 
@@ -127,7 +134,8 @@ def main() -> None:
         default=[],
         metavar="NAME=JSON",
         help="set a plan constant of vla_verify.backends.triton_chunked for this run "
-        "(a dict's keys read as integers, e.g. STATE_CHAIN_VALUE_BLOCK='{\"128\": 16}')",
+        "(triton_fused.NAME: of vla_verify.backends.triton_fused; a dict's keys read as "
+        "integers, e.g. STATE_CHAIN_VALUE_BLOCK='{\"128\": 16}')",
     )
     a = ap.parse_args()
     res: dict[str, Any] = {"label": a.label, "machine": machine_info(), "rows": []}
