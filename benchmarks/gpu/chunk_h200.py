@@ -20,6 +20,7 @@ the CPU at toy sizes (a test of the script, not a measurement).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -109,11 +110,9 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
 
     from vla_verify import VLAConfig, backends, validate
     from vla_verify.backends.numpy_oracle import recurrence
-    from vla_verify.backends.torch_chunked import chunked
     from vla_verify.backends.triton_chunked import chunked_vla
     from vla_verify.bench import _inputs
     from vla_verify.error_model import compare
-    from vla_verify.gradient_check import check_gradients
     from vla_verify.properties.strategies import ShapeBounds, make_penalties
 
     res = out["correctness"]
@@ -220,10 +219,25 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
                 res[f"penalty_{pd}_{regime}"] = {"error": repr(exc)}
             _log("penalty", pd, regime, res[f"penalty_{pd}_{regime}"])
 
-    # Gradients (the recurrent kernel's adjoint) against torch_chunked float64, spec §4 budget
-    # with err_p from torch_chunked in float32 on the inputs and seven copies moved by one ulp.
+    grad_check(res, RUN["grad_shape"], "grad")
+
+
+def grad_check(res: dict[str, Any], shape: tuple[int, int, int, int], key: str) -> None:
+    """Gradients (the recurrent kernel's adjoint, which the chunked backend runs) against
+    torch_chunked float64 at ``shape`` ``(B, T, H, dk)``, spec §4 budget with err_p from
+    torch_chunked in float32 on the inputs and seven copies moved by one ulp; into
+    ``res[key]``."""
+    import numpy as np
+    import torch
+
+    from vla_verify import VLAConfig
+    from vla_verify.backends.torch_chunked import chunked
+    from vla_verify.backends.triton_chunked import chunked_vla
+    from vla_verify.bench import _inputs
+    from vla_verify.gradient_check import check_gradients
+
     try:
-        B, T, H, dk = RUN["grad_shape"]
+        B, T, H, dk = shape
         x = _inputs(B, T, H, dk, torch.float32, RUN["device"], seed=1)
         cfg = VLAConfig()
         rng = np.random.default_rng(1)
@@ -242,10 +256,10 @@ def correctness(out: dict[str, Any], quick: bool) -> None:
             device=RUN["device"], baselines=[chunked], terms=dk,
         )  # fmt: skip
         ratios = {n: c.ratio for n, c in checks.items()}
-        res["grad"] = {"shape": [B, T, H, dk], "ratio": ratios, "passed": max(ratios.values()) <= 1}
+        res[key] = {"shape": [B, T, H, dk], "ratio": ratios, "passed": max(ratios.values()) <= 1}
     except Exception as exc:
-        res["grad"] = {"error": repr(exc)}
-    _log("grad", res["grad"])
+        res[key] = {"error": repr(exc)}
+    _log("grad", res[key])
 
 
 def _penalty_dtype(x: dict[str, Any], cfg: Any) -> str:
@@ -1370,6 +1384,12 @@ def main() -> None:
         help="time the chunked forward + backward up to this T (default %(default)s: the run's)",
     )
     ap.add_argument(
+        "--grad-only",
+        nargs="+",
+        metavar="DxT",
+        help="only the gradient check (B = 1, H = 2, float32) at these sizes, e.g. 64x200 128x200",
+    )
+    ap.add_argument(
         "--no-block-variants",
         action="store_true",
         help="after the grid, only the forward's breakdown and the call overheads (no "
@@ -1506,6 +1526,11 @@ def main() -> None:
         steps.append(short)
     elif a.minimal:
         steps.append(lambda: minimal(out))
+    elif a.grad_only:
+        for size in a.grad_only:
+            D, T = (int(n) for n in size.split("x"))
+            steps.append(functools.partial(grad_check, out["correctness"], (1, T, 2, D),
+                                           f"grad_D{D}_T{T}"))  # fmt: skip
     elif a.adjoint:
         steps.append(lambda: adjoint(out))
     elif a.training_breakdown:
