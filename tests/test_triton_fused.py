@@ -400,7 +400,7 @@ def _segments(monkeypatch: pytest.MonkeyPatch) -> None:
     cut long inputs, shrunk)."""
     tf = _fused()
     monkeypatch.setattr(tf, "_FORWARD_FLOATS", 1)
-    monkeypatch.setattr(tf, "_SEGMENT_FLOATS", 1)
+    monkeypatch.setattr(tf, "_SEGMENT_BYTES", 1)
 
 
 def test_forward_segments_are_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -864,7 +864,8 @@ def test_adjoint_from_the_forwards_chain_values(
     (segments of 16 tokens: five spans at T = 77) or folded into blocks, gives the rerunning
     one-pass adjoint's gradients to float64 rounding; the values one token late do not."""
     if spans > 1:
-        monkeypatch.setattr(_fused(), "_SEGMENT_FLOATS", 4 * 2 * 16 * 16)  # 16-token segments
+        # 16-token segments: 4·BK floats (float64) per token and head, B·H = 2.
+        monkeypatch.setattr(_fused(), "_SEGMENT_BYTES", 4 * 16 * 2 * 8 * 16)
     _with_a_forward_chain(monkeypatch)
     assert _blocked_mismatch(blocks) == []
     _with_a_forward_chain(monkeypatch, shift=1)
@@ -1215,6 +1216,49 @@ def test_adjoint_blocks_fill_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tf._adjoint_blocks(1, 16, cuda) == 8
     assert tf._adjoint_blocks(1, 4, cuda) == 16
     assert tf._adjoint_blocks(2, 32, cuda) == 1
+
+
+def _gpu_run(tf, config: VLAConfig, D: int, T: int, **fields):  # type: ignore[no-untyped-def]
+    """The run of a B = 1, H = 16, bf16 training call with the plan ``tf.plan_for`` gives (a
+    132-SM GPU's where the caller stands one in)."""
+    plan = tf.plan_for(1, 16, T, D, D, torch.bfloat16, torch.device("cuda"), True)
+    return tf._Run(
+        config=config, plan=dataclasses.replace(plan, **fields), checkpoint_every=64,
+        downdate=tf.kernels.Downdate.FMA, start=0, bug=tf.kernels.Bug.NONE,
+    )  # fmt: skip
+
+
+def test_backward_spans_by_their_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answers: with the plan a GPU gets (B·H = 16, bf16, both adjoints by products) the
+    backward's spans are those measured (``h100/state_chunk_walk_d1fb5ec.json``): one of 16384
+    tokens at D = 64, two of 8192 at D = 128 (T = 16384), one at T = 4096.  With a nudge after
+    every token the pieces' ``Q``, local terms and ``Σ`` of a span stay within
+    ``_SEGMENT_BYTES``; a rule that counts the state adjoint's buffers alone would give spans
+    whose pieces' buffers exceed it many times over."""
+    tf = _fused()
+    monkeypatch.setattr(tf, "interpreted", lambda: False)
+    monkeypatch.setattr(tf, "_sm_count", lambda device: 132)
+    tf.plan_for.cache_clear()
+    try:
+        bf16 = torch.bfloat16
+        for D, T, want in [(64, 16384, 16384), (128, 16384, 8192), (64, 4096, 4096),
+                           (128, 4096, 4096), (128, 65536, 65536 // 8)]:  # fmt: skip
+            run = _gpu_run(tf, VLAConfig(), D, T)
+            assert run.plan.chunked_state_adjoint and run.plan.chunked_penalty_adjoint
+            assert tf._span_tokens(run, bf16, T, 16, D, D) == want, (D, T)
+        every_token = VLAConfig(nudge_period=1)
+
+        def pieces_bytes(seg: int) -> int:
+            n_p = len(tf._piece_bounds(0, seg, 1, 0, 64)) - 1
+            return 3 * 16 * n_p * 128 * 128 * 4
+
+        seg = tf._span_tokens(_gpu_run(tf, every_token, 128, 16384), bf16, 16384, 16, 128, 128)
+        assert pieces_bytes(seg) <= tf._SEGMENT_BYTES
+        state_alone = _gpu_run(tf, every_token, 128, 16384, chunked_penalty_adjoint=False)
+        seg = tf._span_tokens(state_alone, bf16, 16384, 16, 128, 128)
+        assert pieces_bytes(seg) > 4 * tf._SEGMENT_BYTES
+    finally:
+        tf.plan_for.cache_clear()
 
 
 def test_scan_group_by_the_pieces() -> None:

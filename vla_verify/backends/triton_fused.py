@@ -92,8 +92,16 @@ _STREAM_BLOCK = 32
 #: in segments of whole checkpoint chunks, the state carried between them exactly.  B·H = 16 and
 #: T ≤ 65536 stay in one segment.
 _FORWARD_FLOATS = 1 << 30
-#: Floats of the backward's per-segment buffers (value-block partial sums) at most.
-_SEGMENT_FLOATS = 1 << 26
+#: Bytes of the backward's buffers that grow with a span's length at most
+#: (:func:`_span_floats_per_token`): longer inputs run in spans of whole checkpoint intervals,
+#: of about equal length, the cotangents carried between them.  Fewer, longer spans give the
+#: chunked adjoints more programs a launch and the pieces' scan longer groups: on an H100
+#: (``h100/state_chunk_walk_d1fb5ec.json``, B·H = 16, bf16, paper preset, two rounds) forward
+#: + backward took 41.6 and 42.3 against 52.3 and 50.3 ms at D = 128, T = 16384 in two spans
+#: of 8192 tokens instead of sixteen of 1024, 11.5 against 13.7 at T = 4096 in one span
+#: instead of four, and 10.9 and 11.1 against 13.0 and 14.4 at D = 64, T = 16384 in one span
+#: instead of four; the rule here gives those spans at those sizes.
+_SEGMENT_BYTES = 5 << 29
 
 
 _INTERPRETED = built_for_interpreter(kernels.vla_stream_kernel)
@@ -1287,6 +1295,40 @@ def _blocked_span(
             unfold(dz_begin)[:, 0].reshape(B, H, dk))  # fmt: skip
 
 
+def _span_floats_per_token(run: _Run, dtype: torch.dtype, dk: int, dv: int, period: int) -> int:
+    """Floats per token and head of the backward's buffers that grow with a span's length, an
+    upper bound: the state adjoint's value-row sums (``4·rows·BK``, ``rows`` value blocks, for
+    the per-token kernel, which keeps one partial sum per block; ``4·BK`` for the chunk kernel,
+    which sums them, besides its ``T_c``, ``W``, ``U`` and ``dSᵀ`` after every interval) and,
+    for the penalty adjoint in pieces, ``3·BK²`` a piece (``Q``, the local term, ``Σ``) for at
+    most one piece per interval and one per nudge period, besides ``3·BK`` (``dzp``, ``DA``,
+    ``DS``)."""
+    plan, every = run.plan, run.checkpoint_every
+    bk = _pow2(dk)
+    # The blocked span's widest state adjoint has dv + dk value rows.
+    width = dv if plan.adjoint_blocks == 1 else dv + dk
+    if _chunked(plan.chunked_state_adjoint, run, dtype, dk):
+        padded = _cdiv(width, plan.bwd_block_v) * plan.bwd_block_v
+        floats = 4 * bk + _pow2(every) + bk + padded + _cdiv(dk * width, every)
+    else:
+        floats = 4 * _cdiv(width, plan.bwd_block_v) * bk
+    if _chunked(plan.chunked_penalty_adjoint, run, dtype, dk):
+        floats += _cdiv(3 * bk * bk * (every + min(period, every)), every * min(period, every))
+        floats += 3 * bk
+    return floats
+
+
+def _span_tokens(run: _Run, dtype: torch.dtype, T: int, BH: int, dk: int, dv: int) -> int:
+    """Tokens per span of the backward: as many whole checkpoint intervals as keep the span's
+    buffers (:func:`_span_floats_per_token`, in the accumulation dtype) under
+    :data:`_SEGMENT_BYTES`, at least one, then evened out over the ``⌈T/seg⌉`` spans."""
+    every = run.checkpoint_every
+    period = _clock(run.config, run.start)[0]
+    per_token = BH * _span_floats_per_token(run, dtype, dk, dv, period) * _acc(dtype)[0].itemsize
+    seg = max(every, _SEGMENT_BYTES // per_token // every * every)
+    return _cdiv(_cdiv(T, _cdiv(T, seg)), every) * every
+
+
 def _spans(T: int, seg: int, unit: int, blocks: int) -> list[tuple[int, int, int]]:
     """The backward's spans, last first, as ``(t_begin, blocks, L)`` (``blocks = 1``: one pass
     over ``L`` tokens): segments of at most ``seg`` tokens (whole checkpoint intervals); a
@@ -1332,21 +1374,16 @@ def _backward(
        checkpoint (the forward stores the final state as one more).
 
     With ``plan.adjoint_blocks > 1`` a long span runs as blocks side by side
-    (:func:`_blocked_span`).  Segments keep the partial sums (``4·NV·B·H·L·BK`` floats) under
-    :data:`_SEGMENT_FLOATS`.  Returns ``dq, dk, dv, du`` (inputs' dtype) and ``dS_0, dA_0,
-    dz_0`` (accumulation dtype).
+    (:func:`_blocked_span`).  Spans keep their buffers under :data:`_SEGMENT_BYTES`.  Returns
+    ``dq, dk, dv, du`` (inputs' dtype) and ``dS_0, dA_0, dz_0`` (accumulation dtype).
     """
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     BH = B * H
     acc = _acc(q.dtype)[0]
     plan, config, every = run.plan, run.config, run.checkpoint_every
-    bk, nv = _pow2(dk), _cdiv(dv, plan.bwd_block_v)
-    # The blocked span's widest state adjoint has dv + dk value rows.
-    rows = nv if plan.adjoint_blocks == 1 else _cdiv(dv + dk, plan.bwd_block_v)
-    seg = _SEGMENT_FLOATS // (4 * rows * BH * bk)
-    seg = max(every, seg // every * every)
     period, start = _clock(config, run.start)
+    seg = _span_tokens(run, q.dtype, T, BH, dk, dv)
     cks, cka, ckz = ck
     adj = _Adjoint(
         q=q, k=k, v=v, u=u, do=do, cks=cks, cka=cka, ckz=ckz, dq=torch.empty_like(q),
