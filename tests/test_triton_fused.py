@@ -1261,6 +1261,66 @@ def test_backward_spans_by_their_buffers(monkeypatch: pytest.MonkeyPatch) -> Non
         tf.plan_for.cache_clear()
 
 
+def test_span_buffers_within_their_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a span of the chunked adjoints allocates (every ``torch.empty`` and ``torch.zeros``
+    inside the state adjoint in chunks and the penalty adjoint in pieces, recorded) stays
+    within ``_span_floats_per_token`` per token and head besides ``4·BK²`` per span and head:
+    nudges after every token, every 3, every 20 (T = 40 and 77, checkpoints every 8, BK = 16).
+    The same count without the pieces' buffers falls short where nudges are dense."""
+    tf = _fused()
+    recorded: list[int] = []
+    inside = [0]
+
+    def recording(make):  # type: ignore[no-untyped-def]
+        def made(*args, **kwargs):  # type: ignore[no-untyped-def]
+            out = make(*args, **kwargs)
+            if inside[0]:
+                recorded.append(out.numel())
+            return out
+
+        return made
+
+    def entered(fn):  # type: ignore[no-untyped-def]
+        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            inside[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return run
+
+    spans: list[tuple[int, int, int, int]] = []
+    sequential = tf._sequential_span
+
+    def span(adj, t_begin, n, cot):  # type: ignore[no-untyped-def]
+        before = len(recorded)
+        out = sequential(adj, t_begin, n, cot)
+        BH, dk, dv = adj.q.shape[0] * adj.q.shape[2], adj.q.shape[-1], adj.v.shape[-1]
+        state_alone = dataclasses.replace(
+            adj.run, plan=dataclasses.replace(adj.run.plan, chunked_penalty_adjoint=False)
+        )
+        counts = [n * BH * tf._span_floats_per_token(r, adj.q.dtype, dk, dv, adj.period)
+                  + 4 * BH * tf._pow2(dk) ** 2 for r in (adj.run, state_alone)]  # fmt: skip
+        spans.append((n, sum(recorded[before:]), *counts))
+        return out
+
+    monkeypatch.setattr(torch, "empty", recording(torch.empty))
+    monkeypatch.setattr(torch, "zeros", recording(torch.zeros))
+    for name in ("_state_adjoint_chunked", "_penalty_adjoint_pieces"):
+        monkeypatch.setattr(tf, name, entered(getattr(tf, name)))
+    monkeypatch.setattr(tf, "_sequential_span", span)
+    options = {"chunked_state_adjoint": True, "chunked_penalty_adjoint": True}
+    for period, T in [(1, 40), (3, 40), (3, 77), (20, 77)]:
+        spans.clear()
+        _blocked_grads(1, VLAConfig(nudge_period=period), T=T, dtype=torch.float32, **options)
+        assert len(spans) == 1 and spans[0][0] == T
+        _n, got, count, without_pieces = spans[0]
+        assert 0 < got <= count, (period, T, got, count)
+        if period < 20:
+            assert got > without_pieces, (period, T, got, without_pieces)
+
+
 def test_scan_group_by_the_pieces() -> None:
     """The scan's group: the one asked, else the power of two nearest the root of the span's
     piece count (ties up), which gave the measured best at 64 pieces (8) and 1024 (32)."""
