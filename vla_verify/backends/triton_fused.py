@@ -1302,8 +1302,10 @@ def _span_floats_per_token(run: _Run, dtype: torch.dtype, dk: int, dv: int, peri
     which sums them, besides its ``T_c``, ``W``, ``U`` and ``dSᵀ`` after every interval) and,
     for the penalty adjoint in pieces, ``3·BK²`` a piece (``Q``, the local term, ``Σ``) for at
     most one piece per interval and one per nudge period, besides ``3·BK`` (``dzp``, ``DA``,
-    ``DS``).  A span also allocates a few ``BK²`` per head whatever its length (the groups of
-    pieces, ``dAᵀ`` and ``dSᵀ`` before it, the pieces' part of ``dAᵀ``)."""
+    ``DS``).  A span also allocates ``3·BK²`` per head for each group of pieces (about the
+    root of their number; the count's second term per piece covers them from a few hundred
+    pieces on) and a few ``BK²`` whatever its length (``dAᵀ`` and ``dSᵀ`` before it, the
+    pieces' part of ``dAᵀ``)."""
     plan, every = run.plan, run.checkpoint_every
     bk = _pow2(dk)
     # The blocked span's widest state adjoint has dv + dk value rows.
