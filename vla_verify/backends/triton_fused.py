@@ -1303,9 +1303,8 @@ def _span_floats_per_token(run: _Run, dtype: torch.dtype, dk: int, dv: int, peri
     for the penalty adjoint in pieces, ``3·BK²`` a piece (``Q``, the local term, ``Σ``) for at
     most one piece per interval and one per nudge period, besides ``3·BK`` (``dzp``, ``DA``,
     ``DS``).  A span also allocates ``3·BK²`` per head for each group of pieces (about the
-    root of their number; the count's second term per piece covers them from a few hundred
-    pieces on) and a few ``BK²`` whatever its length (``dAᵀ`` and ``dSᵀ`` before it, the
-    pieces' part of ``dAᵀ``)."""
+    root of their number, which the count's margin covers in long spans) and a few ``BK²``
+    whatever its length (``dAᵀ`` and ``dSᵀ`` before it, the pieces' part of ``dAᵀ``)."""
     plan, every = run.plan, run.checkpoint_every
     bk = _pow2(dk)
     # The blocked span's widest state adjoint has dv + dk value rows.
