@@ -1229,7 +1229,7 @@ def vla_state_bwd_chunk_kernel(
             acc_k = tl.dot(DE, tl.trans(S0T), acc=acc_k, input_precision=PREC)
     Kh, Ah, Q = _chunk_rows(kh_ptr, ah_ptr, q_ptr, row0, t0, nt, base_k, H * DK, oc, ok, DK,
                             BK, ACC)  # fmt: skip
-    off = (row0 + oc)[:, None] * BK + ok[None, :]
+    off = off_kh  # the rows of the value-row sums are the chain values' rows
     if PARTS & 1:
         dqp = acc_q + tl.dot(tl.where(lower, DRE, 0.0), Ah, input_precision=PREC)
         tl.store(dqp_ptr + off, dqp, mask=mc[:, None])
