@@ -69,10 +69,18 @@ def test_check_respects_config_options(user_module: str, capsys: pytest.CaptureF
     assert rc == 0, capsys.readouterr().out
 
 
+def test_check_draws_the_head_dims_given(user_module: str, capsys: pytest.CaptureFixture) -> None:
+    rc = main(["check", f"{user_module}:good", "--head-dims", "5", "3", "--max-examples", "3",
+               "--seed", "1", "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "head_dims=5,3" in out, out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["check", "my_kernels"], "fn: expected a callable, 'module:function' or a backend name"),
+        (["check", "my_kernels:good", "--head-dims", "64", "--max-dk", "64"], "head_dims: give"),
         (["check", "no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
         (["check", "my_kernels:missing"], "has no attribute 'missing'"),
         (["check", "my_kernels:not_callable"], "is not callable"),

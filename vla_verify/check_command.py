@@ -66,8 +66,17 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-dk",
         type=int,
-        default=128,
-        help="largest head width dk and dv drawn (default: %(default)s)",
+        default=None,
+        help="largest head width dk and dv drawn (default: 128; not with --head-dims)",
+    )
+    p.add_argument(
+        "--head-dims",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="W",
+        help="draw dk and dv from these widths only, e.g. 64 128, the widths the kernel "
+        "supports (default: tiling and ragged widths up to --max-dk)",
     )
     p.add_argument(
         "--max-T", type=int, default=640, help="longest sequence drawn (default: %(default)s)"
@@ -153,6 +162,7 @@ def run_check(args: argparse.Namespace) -> int:
             chunk_size=args.chunk_size,
             progress=bar,
             max_dk=args.max_dk,
+            head_dims=args.head_dims,
             max_T=args.max_T,
             max_batch=args.max_batch,
             configs="sweep" if args.sweep_config else "given",

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, reject, settings, target
+from hypothesis import HealthCheck, Phase, given, reject, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
@@ -208,6 +208,7 @@ class ValidationReport:
     configs: str = "given"  # "given" or "sweep"
     notes: list[str] = field(default_factory=list)
     replayed: bool = False  # one saved case rerun by :func:`replay`, not a search
+    head_dims: tuple[int, ...] | None = None  # the only widths drawn, where validate was given them
 
     def summary(self) -> str:
         head = (
@@ -215,6 +216,7 @@ class ValidationReport:
             f"array={self.array} dtype={self.dtype} device={self.device}"
             + ("" if self.chunk_size is None else f" chunk_size={self.chunk_size}")
             + ("" if self.configs == "given" else f" configs={self.configs}")
+            + ("" if self.head_dims is None else f" head_dims={','.join(map(str, self.head_dims))}")
             + f"; {self.examples} examples ({self.rejected} outside the precision's envelope"
             + (f", {self.beyond_reach} beyond the reference's reach" if self.beyond_reach else "")
             + f"), seed={self.seed}, {self.elapsed_s:.1f} s; worst error/budget on passing "
@@ -990,6 +992,33 @@ def _positive_int(value: Any, argument: str, *, allow_none: bool = False) -> int
     return int(value)
 
 
+def _head_dims(
+    value: Any, max_dk: int | None, bounds: ShapeBounds | None
+) -> tuple[int, ...] | None:
+    """``validate``'s ``head_dims`` checked: ``None``, or the distinct positive widths in the
+    order given; an error where ``max_dk`` or ``bounds`` sets the widths as well."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise VLAInputError(
+            "head_dims", f"expected a non-empty sequence of positive integers, got {value!r}"
+        )
+    for width in value:
+        if isinstance(width, bool) or not isinstance(width, numbers.Integral) or width < 1:
+            raise VLAInputError(
+                "head_dims", f"expected positive integer widths, got {width!r} in {value!r}"
+            )
+    if max_dk is not None:
+        raise VLAInputError(
+            "head_dims", f"give head_dims or max_dk, not both (got max_dk={max_dk!r})"
+        )
+    if bounds is not None:
+        raise VLAInputError(
+            "head_dims", "give head_dims or bounds, not both (bounds sets the widths itself)"
+        )
+    return tuple(dict.fromkeys(int(w) for w in value))
+
+
 def _resolve_fn(fn: Any, variant: str) -> Implementation:
     """``fn`` itself, or the callable a string names: ``"package.module:function"`` or a
     registry backend name (``"torch"``)."""
@@ -1218,6 +1247,7 @@ def validate(
     configs: str = "given",
     profile: str = "default",
     failure_dir: str | Path | None = None,
+    head_dims: Sequence[int] | None = None,
 ) -> ValidationReport:
     """Check ``fn`` (spec §4) against the float64 oracle on Hypothesis-generated inputs.
 
@@ -1242,7 +1272,8 @@ def validate(
     seed : Hypothesis seed; ``None`` draws one and records it in the report.
     factor : the spec §4 factor over the same-precision oracle's error (default 2; > 0).
     bounds : the sizes of the property tests' :func:`~vla_verify.properties.strategies.cases`
-        instead of the conformance sizes (``max_dk``, ``max_T``, ``max_batch`` then unused).
+        instead of the conformance sizes (``max_dk``, ``max_T``, ``max_batch``, ``head_dims``
+        then unused; giving ``head_dims`` as well is an error).
     check_carry : also check state carry when ``fn`` returns a state.
     chunk_size : for a chunked implementation (spec §5), its chunk length ``C``: lengths and
         carry cuts aim at multiples of ``C`` and ``C ± 1``, and its inner products run over up
@@ -1260,6 +1291,11 @@ def validate(
         the default of ``max_examples`` (:data:`PROFILES`).
     failure_dir : where a failing case is saved for :func:`replay` (default
         ``$VLA_VERIFY_FAILURE_DIR`` or ``vla-verify-failures`` in the temporary directory).
+    head_dims : the only head widths drawn, for ``dk`` and ``dv`` alike (e.g. ``(64, 128)``,
+        the widths a kernel supports or ships): every example then runs at them, where the
+        default mix up to ``max_dk`` draws small and ragged widths most often and reaches a
+        given width only with many examples.  Shrinking moves to the first.  Default: the mix;
+        giving ``max_dk`` as well is an error.
 
     Returns
     -------
@@ -1303,6 +1339,7 @@ def validate(
     )
     if configs not in ("given", "sweep"):
         raise VLAInputError("configs", f"expected 'given' or 'sweep', got {configs!r}")
+    head_dims = _head_dims(head_dims, max_dk, bounds)
     if failure_dir is not None and not isinstance(failure_dir, (str, Path)):
         raise VLAInputError("failure_dir", f"expected a path or None, got {failure_dir!r}")
     failure_dir = failure_dir or os.environ.get(FAILURE_DIR_ENV) or DEFAULT_FAILURE_DIR
@@ -1325,7 +1362,11 @@ def validate(
         if chunk_size is None:
             chunk_size = backend.options.get("chunk_size")
     sizes = ConformanceSizes(
-        max_dk=sizes.max_dk, max_T=sizes.max_T, max_batch=sizes.max_batch, chunk_size=chunk_size
+        max_dk=sizes.max_dk,
+        max_T=sizes.max_T,
+        max_batch=sizes.max_batch,
+        chunk_size=chunk_size,
+        head_dims=head_dims,
     )
     takes_start = accepts_start(fn)
 
@@ -1347,6 +1388,9 @@ def validate(
         report_multiple_bugs=False,
         print_blob=False,
         suppress_health_check=list(HealthCheck),
+        # Every phase but the explanation: the report describes the shrunk case itself, and
+        # explaining it reruns fn and the reference on a hundred or so variations of it.
+        phases=[p for p in Phase if p != Phase.explain],
     )
     @given(cfg=config_strategy, case=case_strategy)
     def check(cfg: VLAConfig, case: Case) -> None:
@@ -1436,4 +1480,5 @@ def validate(
         beyond_reach=counters["beyond"],
         configs=configs,
         notes=sorted(notes),
+        head_dims=head_dims,
     )

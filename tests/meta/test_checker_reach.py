@@ -16,6 +16,8 @@ import pytest
 from reach_mutants import CONFIG_MUTANTS, make
 
 from vla_verify import VLAConfig, backends, validate
+from vla_verify.errors import VLAInputError
+from vla_verify.properties.strategies import ShapeBounds
 from vla_verify.validation import replay
 
 SEED = 20261201
@@ -147,3 +149,59 @@ def test_accepts_triton_fused_through_the_interpreter_at_width_64(tmp_path) -> N
         failure_dir=tmp_path,
     )
     assert report.passed, report.summary()
+
+
+def _only_at(widths: tuple[int, ...], fn):
+    """``fn`` as a kernel that supports the head widths ``widths`` alone (it raises otherwise),
+    recording every ``(dk, dv)`` it is called with."""
+    seen: list[tuple[int, int]] = []
+
+    def kernel(q, k, v, u, *, config, initial_state=None, start=0):
+        dk, dv = q.shape[-1], v.shape[-1]
+        seen.append((dk, dv))
+        if dk not in widths or dv not in widths:
+            raise ValueError(f"head widths {dk}, {dv} unsupported")
+        return fn(q, k, v, u, config=config, initial_state=initial_state, start=start)
+
+    kernel.__qualname__ = getattr(fn, "__qualname__", "kernel")
+    return kernel, seen
+
+
+def test_head_dims_run_every_example_at_the_given_widths(tmp_path) -> None:
+    """A kernel of head widths 64 and 128 only passes with ``head_dims``; the default mix calls
+    it at a width it does not support and reports the crash."""
+    kernel, seen = _only_at((64, 128), make(None))
+    report = validate(kernel, head_dims=(64, 128), seed=SEED, max_examples=4, max_T=70,
+                      failure_dir=tmp_path)  # fmt: skip
+    assert report.passed, report.summary()
+    assert seen and {w for pair in seen for w in pair} <= {64, 128}
+    assert "head_dims=64,128" in report.summary()
+    report = validate(kernel, seed=SEED, max_examples=4, max_T=70, failure_dir=tmp_path)
+    assert not report.passed and report.failures[0].kind == "crash"
+
+
+def test_head_dims_reach_a_bug_of_wide_heads_in_few_examples(tmp_path) -> None:
+    """A tiled reduction over the first 32 key lanes is wrong only past 32: at ``head_dims``
+    ``(64,)`` the first examples are at 64, and the counterexample shrinks to one token there."""
+    report = validate(make("gate_norm_first_32"), head_dims=(64,), seed=SEED, max_examples=3,
+                      max_T=70, failure_dir=tmp_path)  # fmt: skip
+    assert not report.passed, report.summary()
+    assert report.failures[0].case.shapes == (1, 1, 1, 64, 64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"head_dims": ()}, "non-empty sequence"),
+        ({"head_dims": 64}, "non-empty sequence"),
+        ({"head_dims": "64"}, "non-empty sequence"),
+        ({"head_dims": (64, 0)}, "positive integer widths"),
+        ({"head_dims": (64, True)}, "positive integer widths"),
+        ({"head_dims": (64,), "max_dk": 64}, "not both"),
+        ({"head_dims": (64,), "bounds": ShapeBounds()}, "not both"),
+    ],
+)
+def test_head_dims_are_checked(kwargs, message) -> None:
+    with pytest.raises(VLAInputError, match=message) as info:
+        validate(make(None), max_examples=1, **kwargs)
+    assert info.value.argument == "head_dims"

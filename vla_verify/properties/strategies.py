@@ -402,7 +402,9 @@ CHUNK_MARKS = (64, 128, 16, 32)
 class ConformanceSizes:
     """Largest sizes :func:`conformance_cases` draws (spec §1 layouts).
 
-    ``max_dk``/``max_dv``: head widths (``max_dv=None``: as ``max_dk``); ``max_T``: tokens;
+    ``max_dk``/``max_dv``: head widths (``max_dv=None``: as ``max_dk``); ``head_dims``: the only
+    widths ``dk`` and ``dv`` take instead (a kernel's supported head widths, the first the one
+    shrinking moves to; ``max_dk``/``max_dv`` then unused); ``max_T``: tokens;
     ``max_batch``: ``B·H``; ``chunk_size``: a chunked kernel's chunk length ``C``, which lengths
     and carry cuts aim at (multiples of ``C`` and ``C ± 1``).  ``max_work`` caps
     ``B·H·T·dk·max(dk, dv)`` (the oracle's cost per run) by shortening ``T``, never below two
@@ -415,6 +417,7 @@ class ConformanceSizes:
     max_batch: int = 6
     chunk_size: int | None = None
     max_work: int = 640 * 64 * 64
+    head_dims: tuple[int, ...] | None = None
 
     @property
     def marks(self) -> tuple[int, ...]:
@@ -536,14 +539,20 @@ def conformance_cases(
     (tiling widths 16…128 and ragged widths beside them, lengths across several chunks of 64
     and 128, ``B·H`` up to 6 with ``B > 2`` or ``H > 2``, ``dk != dv`` two times in three),
     mostly small so that a failure shrinks to a small example, and the regimes of :func:`cases`.
+    With ``sizes.head_dims`` the widths come from those alone.
     """
     config = VLAConfig() if config is None else config
     sizes = ConformanceSizes() if sizes is None else sizes
     B, H = _batch_heads(draw, sizes.max_batch)
-    dk = _width(draw, sizes.max_dk, "dk")
-    same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
-    max_dv = sizes.max_dk if sizes.max_dv is None else sizes.max_dv
-    dv = min(dk, max_dv) if same else _width(draw, max_dv, "dv")
+    if sizes.head_dims:
+        dk = draw(st.sampled_from(sizes.head_dims), label="dk")
+        same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
+        dv = dk if same else draw(st.sampled_from(sizes.head_dims), label="dv")
+    else:
+        dk = _width(draw, sizes.max_dk, "dk")
+        same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
+        max_dv = sizes.max_dk if sizes.max_dv is None else sizes.max_dv
+        dv = min(dk, max_dv) if same else _width(draw, max_dv, "dv")
     T = _length(draw, sizes)
     # The cost cap shortens only the widest, most batched examples, and keeps two chunks.
     floor_T = 2 * (sizes.chunk_size or max(CHUNK_MARKS)) + 2
