@@ -120,7 +120,8 @@ def conformance_rows(seeds: list[int], deadline: float) -> list[dict[str, Any]]:
 
 
 def validate_rows(examples: int, device: str, deadline: float) -> dict[str, Any]:
-    """Step 3: ``validate`` in bf16, paper and exact presets, keys 64 and 128 wide."""
+    """Step 3: ``validate`` in bf16, paper and exact presets, every example's keys and values
+    64 or 128 wide (``head_dims``)."""
     from vla_verify import VLAConfig, backends, validate
 
     be = backends.get("triton_chunked")
@@ -131,7 +132,7 @@ def validate_rows(examples: int, device: str, deadline: float) -> dict[str, Any]
                 return out
             t0 = time.time()
             rep = validate(be, config=config, array="torch", dtype="bfloat16", device=device,
-                           max_examples=examples, seed=dk, max_dk=dk)  # fmt: skip
+                           max_examples=examples, seed=dk, head_dims=(dk,))  # fmt: skip
             out[f"{name}_dk{dk}"] = {
                 "passed": rep.passed, "examples": rep.examples, "worst_ratio": rep.worst_ratio,
                 "summary": "" if rep.passed else rep.summary()[:600],
