@@ -26,13 +26,27 @@ def _wrong_cholesky(XX):  # type: ignore[no-untyped-def]
     return forms.solve_cholesky(planted)
 
 
+def _nudged_cholesky(XX):  # type: ignore[no-untyped-def]
+    """The Cholesky starts moved by 1e-7 of their size: inside the starts' gate at these
+    blocks, outside the float64 chain's block-end check, whose fallback must not count as
+    agreement."""
+    A = forms.solve_cholesky(XX)
+    return A * (1 + 1e-7)
+
+
 def test_the_cholesky_form_agrees_with_the_lu_and_a_wrong_one_does_not() -> None:
-    candidates = {"cholesky": forms.solve_cholesky, "planted": _wrong_cholesky}
-    row = forms.row(16, 96, "cpu", smoke=True, forms=candidates)
+    candidates = {"cholesky": forms.solve_cholesky, "planted": _wrong_cholesky,
+                  "nudged": _nudged_cholesky}  # fmt: skip
+    row = forms.row(16, 96, "cpu", smoke=True, forms=candidates, examples=2)
     assert row["lu"]["agrees"] and row["cholesky"]["agrees"]
     assert row["cholesky"]["starts_relative_to_lu"] < 1e-13
-    assert not row["planted"]["agrees"]
-    assert row["planted"]["starts_relative_to_lu"] > 1e3 * forms.AGREE_RTOL
+    checked = row["cholesky"]["validate"]
+    assert checked["passed"] and checked["solves"] > 0 and checked["fallbacks"] == 0
+    assert not row["planted"]["agrees"] and "validate" not in row["planted"]
+    assert row["planted"]["starts_relative_to_lu"] > 1e3 * row["agree_rtol"]
+    nudged = row["nudged"]
+    assert nudged["starts_relative_to_lu"] < row["agree_rtol"]
+    assert nudged["block_start_fallbacks"] > 0 and not nudged["agrees"]
 
 
 def test_every_form_reaches_the_recurrence_and_newton_schulz_cut_short_does_not(
