@@ -70,7 +70,7 @@ FORWARD_CROSSOVER_T: dict[int, int | None] = {64: 1024, 128: 4096}
 #: ``9d069e1``) 2.44 / 2.50 at D = 64 and 4.79 / 4.75 at D = 128, T = 1024 (within 2.5 %), and
 #: ``h100/chunk_1b3e657.json`` 2.31 / 2.37 and 5.02 / 4.96, ``h100/chunk_b07b137.json`` (commit
 #: ``b07b137``) 3.49 / 3.27 and 5.10 / 4.94 (within 7 %; 4.24 / 6.86 and 15.4 / 19.9 at 4096),
-#: ``h100/chunk.json`` (commit ``09c787e``) 2.53 / 2.58 and 4.90 / 4.98 (within 2 %), so the
+#: ``h100/chunk_09c787e.json`` 2.53 / 2.58 and 4.90 / 4.98 (within 2 %), so the
 #: rows stay at 4096.
 TRAINING_CROSSOVER_T: dict[int, int | None] = {64: 4096, 128: 4096}
 

@@ -4,7 +4,7 @@ precision (not a backend; ``docs/design/triton_chunked.md``, "The floor").
 ``triton_chunked`` solves every block start by cuBLAS's batched LU with partial pivoting and
 two triangular solves (:func:`~vla_verify.backends.triton_chunked._solve_block_starts`), which
 took 0.27 ms of the bf16 forward's 1.63 ms of device time at D = 64, T = 16384 and 0.65 of 4.57
-at D = 128 on an H100 (``benchmarks/results/h100/chunk.json``'s breakdown).  Two forms need no
+at D = 128 on an H100 (``benchmarks/results/h100/chunk_09c787e.json``'s breakdown).  Two forms need no
 pivot search, if ``Θ`` allows them:
 
 - **Cholesky.** ``A`` is symmetric, so ``Πᵀ Θ = Θᵀ Π`` and ``S = Θᵀ Π = Θᵀ A Θ`` is symmetric
