@@ -472,6 +472,40 @@ def test_products_only_starts_stay_accurate_over_long_sequences(monkeypatch) -> 
     assert rel() > tc.BLOCK_START_RTOL
 
 
+def test_cholesky_starts_stay_within_the_float32_chains_check(monkeypatch) -> None:
+    """The Cholesky form of the products-only starts (the float32 chain's) on the long
+    sequence above: within a tenth of the float32 chain's check (``block · 2^-24``) of the
+    normalised starts, and within ``BLOCK_START_RTOL`` as well; with ``Θ`` read as ``Π``
+    (``S = Πᵀ Π``, planted) far outside it."""
+    T, dk, block = 32768, 16, 1024
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(1, T, dk, generator=g, dtype=torch.float64) @ torch.randn(
+        dk, dk, generator=g, dtype=torch.float64
+    )
+    u = p / p.norm(dim=-1, keepdim=True) / dk**0.5
+    A0 = torch.eye(dk, dtype=torch.float64)[None] / 0.1
+    walk = dict(start=0, nudge_period=20, nudge_eta=1e-3, block=block)
+    matrices = tc._block_matrices_by_trees(u, 0, 20, 1e-3, block)
+    ref = tc.penalty_block_starts(u, A0, normalise=True, matrices=matrices, **walk)
+
+    def rel() -> float:
+        got = tc.penalty_block_starts(None, A0, normalise=False, matrices=matrices,
+                                      cholesky=True, **walk)  # fmt: skip
+        return float(((got - ref).abs().amax(dim=(-2, -1)) / ref.abs().amax(dim=(-2, -1))).max())
+
+    tolerance = tc.FLOAT32_CHAIN_RTOL_PER_TOKEN * block
+    assert rel() < min(0.1 * tolerance, tc.BLOCK_START_RTOL)
+    real = tc._solve_block_starts
+
+    def planted(XX, cholesky=False):  # type: ignore[no-untyped-def]
+        XX = XX.clone()
+        XX[:, :, dk:] = XX[:, :, :dk]
+        return real(XX, cholesky)
+
+    monkeypatch.setattr(tc, "_solve_block_starts", planted)
+    assert rel() > 10 * tolerance
+
+
 def test_block_starts_without_directions_or_matrices_is_refused() -> None:
     from vla_verify.errors import VLAInputError
 

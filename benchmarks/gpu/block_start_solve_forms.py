@@ -1,15 +1,17 @@
-"""The block starts' solve ``A = Π Θ^{-1}`` in another form, side by side with the backend's
-(cuBLAS's batched LU with partial pivoting and two triangular solves,
-``triton_chunked._solve_block_starts``), alone and in the whole forward.
+"""The block starts' solve ``A = Π Θ^{-1}`` in other forms, side by side with the LU
+(cuBLAS's batched LU with partial pivoting and two triangular solves), alone and in the whole
+forward.
 
-The other form is the Cholesky one of ``benchmarks/prototypes/block_start_inverse_forms.py``:
-``S = Θᵀ Π`` is symmetric positive definite, so ``A = W Wᵀ`` with ``W = Π L^{-T}``,
-``S = L Lᵀ``: one factorisation without a pivot search and one triangular solve where the LU
-takes two, and ``A`` symmetric by construction.  Forming ``S`` squares ``Θ``'s condition
-number in its rounding: on the layer's penalties its starts err by 1e-14 to 1e-10 where the
-LU's err by 1e-14 to 1e-12 (``benchmarks/results/cpu/block_start_inverse_forms.json``), far
-inside the float32 chain's check, so ``benchmarks/prototypes/cholesky_block_starts.patch``
-gives it to the float32 chain alone.  Run this script on the tree without the patch.
+The backend's ``_solve_block_starts`` takes both: the LU for the float64 chain, and for the
+float32 chain (the bf16 inference forward) the Cholesky form of
+``benchmarks/prototypes/block_start_inverse_forms.py``: ``S = Θᵀ Π`` is symmetric positive
+definite, so ``A = W Wᵀ`` with ``W = Π L^{-T}``, ``S = L Lᵀ``: one factorisation without a
+pivot search and one triangular solve where the LU takes two, and ``A`` symmetric by
+construction.  Forming ``S`` squares ``Θ``'s condition number in its rounding: on the layer's
+penalties its starts err by 1e-14 to 1e-10 where the LU's err by 1e-14 to 1e-12
+(``benchmarks/results/cpu/block_start_inverse_forms.json``), far inside the float32 chain's
+check.  The rows here are the LU (``lu``, the reference) and each form given (default: the
+Cholesky form, ``cholesky``), each put in place of the backend's solve.
 
 Correctness first: every form's starts against the LU's (largest entry difference over the
 largest entry, within :func:`agree_rtol`, a tenth of the float32 chain's block-end check), then
@@ -40,20 +42,22 @@ from pathlib import Path
 from typing import Any
 
 #: The share of the float32 chain's block-end check (``block · 2^-24`` relative, the only chain
-#: the patch gives the form to) that a form's starts may differ from the LU's by: a tenth, as
-#: the patch's own test asks of the Cholesky starts over 32768 tokens.  The form errs by up to
+#: that takes the Cholesky form) that a form's starts may differ from the LU's by: a tenth, as
+#: the backend's test asks of the Cholesky starts over 32768 tokens.  The form errs by up to
 #: about 1e-10 on the layer's penalties on the CPU
 #: (``benchmarks/results/cpu/block_start_inverse_forms.json``) and by 1.4e-8 to 1.8e-8 from the
 #: LU's on an H100 (``h100/block_start_solve_forms_d1fb5ec.json``); the check at blocks of 512
 #: tokens is 3.1e-5.
 AGREE_SHARE = 0.1
-#: The patched forward's ``o`` against the LU forward's (largest difference over the largest
-#: entry): one bf16 rounding, ``2^-8``.  Starts that differ by far less than the float32
+#: The forward's ``o`` with a form in place against the LU forward's (largest difference over
+#: the largest entry): one bf16 rounding, ``2^-8``.  Starts that differ by far less than the float32
 #: chain's rounding can still move a bf16 output across a rounding boundary, by one unit.
 OUTPUT_RTOL = 2.0**-8
-#: The blocks' length under ``validate``: its examples (up to 640 tokens) would otherwise run
-#: as one block, with no start solved.
-VALIDATE_BLOCK = 64
+#: The blocks' length under ``validate``, the penalty chain's chunk: its examples (up to 640
+#: tokens, most of them short) otherwise run as one block, with no start solved; with blocks
+#: of 64 tokens three examples at each width solved none on an H100
+#: (``h100/block_start_solve_forms_float32_gate_0dc9f85.json``'s note).
+VALIDATE_BLOCK = 16
 
 
 def agree_rtol(block_tokens: int) -> float:
@@ -64,28 +68,24 @@ def agree_rtol(block_tokens: int) -> float:
     return AGREE_SHARE * block_tokens * FLOAT32_CHAIN_RTOL_PER_TOKEN
 
 
-def solve_cholesky(XX: Any) -> Any:
+def solve_lu(XX: Any) -> Any:
     """``[BH, NB, dk, dk]`` float64 starts from ``XX`` ``[NB, BH, 2dk, dk]`` (``(Π; Θ)`` at
-    every block start) by the Cholesky form (module docstring).  No factor's info is read
-    back: a factor that does not exist gives wrong starts, which the block-end check rejects."""
-    import torch
+    every block start) by the backend's LU."""
+    from vla_verify.backends.triton_chunked import _solve_block_starts
 
-    from vla_verify.backends.triton_chunked import _batched_cublas_lu
+    return _solve_block_starts(XX, cholesky=False)
 
-    NB, BH, _, dk = XX.shape
-    X3 = XX.reshape(NB * BH, 2 * dk, dk)
-    Pi, Th = X3[:, :dk], X3[:, dk:]
-    # The factorisation reads the lower triangle of S alone: no symmetrisation first.
-    S = torch.bmm(Th.mT, Pi)
-    with _batched_cublas_lu(XX.device):
-        L = torch.linalg.cholesky_ex(S)[0]
-        W = torch.linalg.solve_triangular(L.mT, Pi, upper=True, left=False)  # Π L^{-T}
-    return torch.bmm(W, W.mT).view(NB, BH, dk, dk).transpose(0, 1)
+
+def solve_cholesky(XX: Any) -> Any:
+    """The same starts by the backend's Cholesky form (module docstring)."""
+    from vla_verify.backends.triton_chunked import _solve_block_starts
+
+    return _solve_block_starts(XX, cholesky=True)
 
 
 @contextlib.contextmanager
-def solved_by(form: Callable[[Any], Any] | None) -> Iterator[list[Any]]:
-    """The backend with its block starts solved by ``form`` (``None``: its own), recording the
+def solved_by(form: Callable[[Any], Any]) -> Iterator[list[Any]]:
+    """The backend with its block starts solved by ``form`` whatever its chain, recording the
     ``(Π; Θ)`` it solves."""
     from vla_verify.backends import triton_chunked as tc
 
@@ -94,7 +94,11 @@ def solved_by(form: Callable[[Any], Any] | None) -> Iterator[list[Any]]:
 
     def solve(XX: Any, *rest: Any) -> Any:
         seen.append(XX)
-        return form(XX) if form is not None else real(XX, *rest)
+        tc._solve_block_starts = real  # the forms call the backend's own solve
+        try:
+            return form(XX)
+        finally:
+            tc._solve_block_starts = solve
 
     tc._solve_block_starts = solve
     try:
@@ -157,18 +161,18 @@ def row(
         return tc.chunked_vla(*args, config=cfg, penalty_block=block)[0]
 
     out: dict[str, Any] = {"D": D, "T": T}
-    every: dict[str, Callable[[Any], Any] | None] = {"lu": None}
+    every: dict[str, Callable[[Any], Any]] = {"lu": solve_lu}
     every.update(forms if forms is not None else {"cholesky": solve_cholesky})
-    with solved_by(None) as seen:
+    with solved_by(solve_lu) as seen:
         o_lu = forward()
     XX = seen[-1]
-    A_lu = tc._solve_block_starts(XX)
+    A_lu = solve_lu(XX)
     out["blocks"], out["heads"] = XX.shape[0], XX.shape[1]
     out["agree_rtol"] = agree_rtol(math.ceil(T / XX.shape[0]))
     for name, form in every.items():
         rec: dict[str, Any] = {}
-        solver = functools.partial(form or tc._solve_block_starts, XX)
-        if form is not None:
+        solver = functools.partial(form, XX)
+        if name != "lu":
             rec["starts_relative_to_lu"] = _relative(form(XX), A_lu)
         before = tc.BLOCK_START_FALLBACKS[0]
         with solved_by(form):
@@ -178,7 +182,7 @@ def row(
             rec["agrees"] = (rec.get("starts_relative_to_lu", 0.0) <= out["agree_rtol"]
                              and rec["o_relative_to_lu"] <= OUTPUT_RTOL
                              and rec["block_start_fallbacks"] == 0)  # fmt: skip
-        if form is not None and rec["agrees"]:
+        if name != "lu" and rec["agrees"]:
             rec["validate"] = v = validate_patched(form, D, device, smoke, examples)
             rec["agrees"] = v["passed"] and v["solves"] > 0 and v["fallbacks"] == 0
         with solved_by(form):

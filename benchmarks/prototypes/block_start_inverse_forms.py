@@ -1,11 +1,13 @@
 """The block starts ``A = Π Θ^{-1}`` of the penalty chain by forms without pivoting, for their
 precision (not a backend; ``docs/design/triton_chunked.md``, "The floor").
 
-``triton_chunked`` solves every block start by cuBLAS's batched LU with partial pivoting and
-two triangular solves (:func:`~vla_verify.backends.triton_chunked._solve_block_starts`), which
-took 0.27 ms of the bf16 forward's 1.63 ms of device time at D = 64, T = 16384 and 0.65 of 4.57
-at D = 128 on an H100 (``benchmarks/results/h100/chunk_09c787e.json``'s breakdown).  Two forms need no
-pivot search, if ``Θ`` allows them:
+``triton_chunked`` solves the float64 chain's block starts by cuBLAS's batched LU with
+partial pivoting and two triangular solves
+(:func:`~vla_verify.backends.triton_chunked._solve_block_starts`), and the float32 chain's by
+the Cholesky form below.  The LU for both took 0.27 ms of the bf16 forward's 1.63 ms of device
+time at D = 64, T = 16384 and 0.65 of 4.57 at D = 128 on an H100
+(``benchmarks/results/h100/chunk_09c787e.json``'s breakdown).  Two forms need no pivot search,
+if ``Θ`` allows them:
 
 - **Cholesky.** ``A`` is symmetric, so ``Πᵀ Θ = Θᵀ Π`` and ``S = Θᵀ Π = Θᵀ A Θ`` is symmetric
   positive definite, and ``A = Π S^{-1} Πᵀ``: with ``S = L Lᵀ`` and ``W = Π L^{-T}`` (one

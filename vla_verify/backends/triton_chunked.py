@@ -455,6 +455,7 @@ def penalty_block_starts(
     block: int,
     normalise: bool = True,
     matrices: torch.Tensor | None = None,
+    cholesky: bool = False,
 ) -> torch.Tensor:
     """The penalty ``A`` at the start of every block of ``block`` tokens (spec §2.3), float64.
 
@@ -483,6 +484,9 @@ def penalty_block_starts(
     column in one kernel); else formed here as products of the pieces' matrices by pairwise
     trees (``⌈log₂ m⌉`` batched products for ``m`` pieces per block), the reference that the
     kernel is tested against.
+
+    ``cholesky``: the products-only starts solved in the Cholesky form of
+    :func:`_solve_block_starts` (the float32 chain's), else by LU.
 
     Exact only where no Sherman–Morrison denominator is floored: ``δ = 1 + uᵀAu ≥ 1`` for a
     positive definite ``A``, so the caller runs one block when ``A0`` is not positive definite
@@ -522,13 +526,13 @@ def penalty_block_starts(
         per_span = max(1, PRODUCTS_ONLY_SPAN_PER_KEY * dk // block)
         for b0 in range(0, NB - 1, per_span):
             if b0 > 0:
-                XX[b0, :, :dk] = _solve_block_starts(XX[b0 : b0 + 1])[:, 0]
+                XX[b0, :, :dk] = _solve_block_starts(XX[b0 : b0 + 1], cholesky)[:, 0]
                 XX[b0, :, dk:] = eye
             kernels.penalty_block_starts_kernel[(BH, math.ceil(dk / nc))](
                 Bm, XX, NB, BH, dk, b0, min(NB - 1, b0 + per_span), R=max(16, _pow2(2 * dk)),
                 KB=32, NC=nc, num_warps=4 if dk <= 32 else 8,
             )  # fmt: skip
-        return _solve_block_starts(XX)
+        return _solve_block_starts(XX, cholesky)
     A = A0
     starts = [A0]
     Bm = Bm.to(f64)
@@ -540,16 +544,38 @@ def penalty_block_starts(
     return torch.stack(starts, dim=1)
 
 
-def _solve_block_starts(XX: torch.Tensor) -> torch.Tensor:
+def _solve_block_starts(XX: torch.Tensor, cholesky: bool = False) -> torch.Tensor:
     """The starts ``A = Π Θ^{-1}``, symmetrised, ``[BH, NB, dk, dk]`` float64, from every
     block's ``(Π; Θ)`` ``XX`` ``[NB, BH, 2dk, dk]`` float64.
 
-    ``solve_ex`` without its error check and by cuBLAS's batched LU: ``torch.linalg.solve``
+    By ``solve_ex`` without its error check and by cuBLAS's batched LU: ``torch.linalg.solve``
     reads the LU's info back, and the batched LU PyTorch takes by default (MAGMA's)
     synchronises the device, so each call waited for the GPU (``h200/host_trace_syncs.json``:
     6.4 ms at D = 128, T = 16384).  A singular ``Θ`` gives non-finite starts, which the
-    caller's block-end check rejects."""
-    dk = XX.shape[-1]
+    caller's block-end check rejects.
+
+    ``cholesky``: ``A`` is symmetric, so ``Πᵀ Θ = Θᵀ Π`` and ``S = Θᵀ Π = Θᵀ A Θ`` is
+    symmetric positive definite; with ``S = L Lᵀ`` and ``W = Π L^{-T}``, ``A = W Wᵀ``,
+    symmetric by construction, from one factorisation without a pivot search and one
+    triangular solve.  Forming ``S`` squares ``Θ``'s condition in its rounding: on the layer's
+    penalties the starts err by up to about 1e-10 where the LU's err by 1e-12
+    (``benchmarks/prototypes/block_start_inverse_forms.py``), so only the float32 chain, whose
+    check allows ``block · 2^-24``, takes it.  The factorisation reads ``S``'s lower triangle
+    alone, without its info read back: a factor that does not exist gives wrong starts, which
+    the block-end check rejects.  Side by side on one H100 (B = 1, H = 16, T = 16384, bf16;
+    ``h100/block_start_solve_forms_float32_gate_0dc9f85.json``, ``validate`` of the backend
+    with it passing first): the solve 0.263 against the LU's 0.351 ms at dk = 64 and 0.577
+    against 0.865 at 128, the forward 1.57 against 1.66 and 4.32 against 4.59 ms."""
+    NB, BH, _, dk = XX.shape
+    if cholesky:
+        # Three-dimensional operands, so that each product is one batched product.
+        X3 = XX.reshape(NB * BH, 2 * dk, dk)
+        Pi, Th = X3[:, :dk], X3[:, dk:]
+        S = torch.bmm(Th.mT, Pi)
+        with _batched_cublas_lu(XX.device):
+            L = torch.linalg.cholesky_ex(S)[0]
+            W = torch.linalg.solve_triangular(L.mT, Pi, upper=True, left=False)  # Π L^{-T}
+        return torch.bmm(W, W.mT).view(NB, BH, dk, dk).transpose(0, 1)
     with _batched_cublas_lu(XX.device):
         A = torch.linalg.solve_ex(XX[:, :, dk:], XX[:, :, :dk], left=False)[0]  # Π Θ^{-1}
     return (0.5 * (A + A.mT)).transpose(0, 1)
@@ -814,6 +840,7 @@ def _forward(
         return penalty_block_starts(
             None, A0, start=start_mod, nudge_period=config.nudge_period, block=block,
             nudge_eta=config.nudge_eta, normalise=normalise, matrices=matrices[planted],
+            cholesky=pd == torch.float32,
         )  # fmt: skip
 
     # The chain starts from the products-only block starts and checks them against its own
