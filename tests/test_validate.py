@@ -461,7 +461,8 @@ def test_check_help_documents_every_option_with_its_default(capsys) -> None:
         parser.parse_args(["check", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for option in (
-        "--max-dk MAX_DK largest head width dk and dv drawn (default: 128)",
+        "--max-dk MAX_DK largest head width dk and dv drawn (default: 128; not with --head-dims)",
+        "--head-dims W [W ...] draw dk and dv from these widths only",
         "--max-T MAX_T longest sequence drawn (default: 640)",
         "--max-batch MAX_BATCH largest B·H drawn (default: 6)",
         "(default: default)",
