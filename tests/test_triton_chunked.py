@@ -447,11 +447,10 @@ def test_block_starts_kernel_equals_the_products(dk: int, NB: int) -> None:
     assert float((chain(1) - ref).abs().max()) > 1e-3 * scale
 
 
-def test_products_only_starts_stay_accurate_over_long_sequences(monkeypatch) -> None:
-    """Products-only starts over 32768 tokens at dk = 16 (the layer's penalties, paper
-    preset, 32 blocks of 1024): applied in spans of ``PRODUCTS_ONLY_SPAN_PER_KEY · dk`` tokens
-    they equal the normalised starts to float64 rounding, where applied over the whole
-    sequence they err past ``BLOCK_START_RTOL`` (the block-end check would fail)."""
+def _long_walk():  # type: ignore[no-untyped-def]
+    """The layer's penalties over 32768 tokens at dk = 16 (paper preset, correlated
+    directions, 32 blocks of 1024): ``(T, dk, block, A0, walk, matrices, ref)``, ``ref`` the
+    normalised starts."""
     T, dk, block = 32768, 16, 1024
     g = torch.Generator().manual_seed(0)
     p = torch.randn(1, T, dk, generator=g, dtype=torch.float64) @ torch.randn(
@@ -462,6 +461,15 @@ def test_products_only_starts_stay_accurate_over_long_sequences(monkeypatch) -> 
     walk = dict(start=0, nudge_period=20, nudge_eta=1e-3, block=block)
     matrices = tc._block_matrices_by_trees(u, 0, 20, 1e-3, block)
     ref = tc.penalty_block_starts(u, A0, normalise=True, matrices=matrices, **walk)
+    return T, dk, block, A0, walk, matrices, ref
+
+
+def test_products_only_starts_stay_accurate_over_long_sequences(monkeypatch) -> None:
+    """Products-only starts over 32768 tokens at dk = 16 (the layer's penalties, paper
+    preset, 32 blocks of 1024): applied in spans of ``PRODUCTS_ONLY_SPAN_PER_KEY · dk`` tokens
+    they equal the normalised starts to float64 rounding, where applied over the whole
+    sequence they err past ``BLOCK_START_RTOL`` (the block-end check would fail)."""
+    T, _dk, _block, A0, walk, matrices, ref = _long_walk()
 
     def rel() -> float:
         got = tc.penalty_block_starts(None, A0, normalise=False, matrices=matrices, **walk)
@@ -477,16 +485,7 @@ def test_cholesky_starts_stay_within_the_float32_chains_check(monkeypatch) -> No
     sequence above: within a tenth of the float32 chain's check (``block · 2^-24``) of the
     normalised starts, and within ``BLOCK_START_RTOL`` as well; with ``Θ`` read as ``Π``
     (``S = Πᵀ Π``, planted) far outside it."""
-    T, dk, block = 32768, 16, 1024
-    g = torch.Generator().manual_seed(0)
-    p = torch.randn(1, T, dk, generator=g, dtype=torch.float64) @ torch.randn(
-        dk, dk, generator=g, dtype=torch.float64
-    )
-    u = p / p.norm(dim=-1, keepdim=True) / dk**0.5
-    A0 = torch.eye(dk, dtype=torch.float64)[None] / 0.1
-    walk = dict(start=0, nudge_period=20, nudge_eta=1e-3, block=block)
-    matrices = tc._block_matrices_by_trees(u, 0, 20, 1e-3, block)
-    ref = tc.penalty_block_starts(u, A0, normalise=True, matrices=matrices, **walk)
+    _T, dk, block, A0, walk, matrices, ref = _long_walk()
 
     def rel() -> float:
         got = tc.penalty_block_starts(None, A0, normalise=False, matrices=matrices,
