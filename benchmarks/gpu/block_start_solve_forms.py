@@ -15,9 +15,9 @@ Cholesky form, ``cholesky``), each put in place of the backend's solve.
 
 Correctness first: every form's starts against the LU's (largest entry difference over the
 largest entry, within :func:`agree_rtol`, a tenth of the float32 chain's block-end check), then
-the forward with each form patched in against the backend's forward (its output within
+the forward with each form in place against the forward with the LU (its output within
 ``OUTPUT_RTOL``, and no block-start fallback), then ``validate`` (spec §4, bf16, paper preset,
-every example at the row's key width) of the backend with each form patched in and blocks of
+every example at the row's key width) of the backend with each form in place and blocks of
 ``VALIDATE_BLOCK`` tokens, so that its examples of up to 640 tokens run the form's starts; then,
 for the forms that pass all three, each solve's median on the forward's own ``(Π; Θ)``
 and each forward's median and device time (``vla_verify.bench.time_ms``, the lower of two)::
@@ -122,7 +122,7 @@ def validate_patched(
     from vla_verify import VLAConfig, backends, validate
     from vla_verify.backends import triton_chunked as tc
 
-    be = backends.get("triton_chunked", penalty_block=16 if smoke else VALIDATE_BLOCK)
+    be = backends.get("triton_chunked", penalty_block=VALIDATE_BLOCK)
     # The interpreter's bf16 products are wrong (its smoke run takes float32 and short lengths).
     sizes: dict[str, Any] = {"max_T": 70, "max_batch": 2} if smoke else {}
     before = tc.BLOCK_START_FALLBACKS[0]

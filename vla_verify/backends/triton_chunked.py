@@ -548,11 +548,11 @@ def _solve_block_starts(XX: torch.Tensor, cholesky: bool = False) -> torch.Tenso
     """The starts ``A = Π Θ^{-1}``, symmetrised, ``[BH, NB, dk, dk]`` float64, from every
     block's ``(Π; Θ)`` ``XX`` ``[NB, BH, 2dk, dk]`` float64.
 
-    By ``solve_ex`` without its error check and by cuBLAS's batched LU: ``torch.linalg.solve``
-    reads the LU's info back, and the batched LU PyTorch takes by default (MAGMA's)
-    synchronises the device, so each call waited for the GPU (``h200/host_trace_syncs.json``:
-    6.4 ms at D = 128, T = 16384).  A singular ``Θ`` gives non-finite starts, which the
-    caller's block-end check rejects.
+    Without ``cholesky``, by ``solve_ex`` without its error check and by cuBLAS's batched LU:
+    ``torch.linalg.solve`` reads the LU's info back, and the batched LU PyTorch takes by
+    default (MAGMA's) synchronises the device, so each call waited for the GPU
+    (``h200/host_trace_syncs.json``: 6.4 ms at D = 128, T = 16384).  A singular ``Θ`` gives
+    non-finite starts, which the caller's block-end check rejects.
 
     ``cholesky``: ``A`` is symmetric, so ``Πᵀ Θ = Θᵀ Π`` and ``S = Θᵀ Π = Θᵀ A Θ`` is
     symmetric positive definite; with ``S = L Lᵀ`` and ``W = Π L^{-T}``, ``A = W Wᵀ``,

@@ -544,13 +544,12 @@ def conformance_cases(
     config = VLAConfig() if config is None else config
     sizes = ConformanceSizes() if sizes is None else sizes
     B, H = _batch_heads(draw, sizes.max_batch)
-    if sizes.head_dims:
-        dk = draw(st.sampled_from(sizes.head_dims), label="dk")
-        same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
-        dv = dk if same else draw(st.sampled_from(sizes.head_dims), label="dv")
+    widths = sizes.head_dims
+    dk = draw(st.sampled_from(widths), label="dk") if widths else _width(draw, sizes.max_dk, "dk")
+    same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
+    if widths:
+        dv = dk if same else draw(st.sampled_from(widths), label="dv")
     else:
-        dk = _width(draw, sizes.max_dk, "dk")
-        same = _weighted(draw, [("independent", 2), ("same", 1)], "dv_kind") == "same"
         max_dv = sizes.max_dk if sizes.max_dv is None else sizes.max_dv
         dv = min(dk, max_dv) if same else _width(draw, max_dv, "dv")
     T = _length(draw, sizes)
